@@ -1,0 +1,61 @@
+"""The contract every rollout engine (hf, vllm) fulfils.
+
+The trainer never looks inside an engine: it hands over prompt token ids and gets back, per
+sample, the response tokens, the log-prob the *sampling* distribution gave each of them
+(`behave_logp`) and the policy version that produced each token (`versions`). Versions are
+per token, not per sequence, because an interruptible engine may change weights in the
+middle of a sequence; A-3PO's approximation is per token for exactly that reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import torch
+
+
+@dataclass
+class Generation:
+    """One sampled response.
+
+    prompt_ids: the prompt's token ids (no padding).
+    response_ids: the generated token ids, EOS included when one was produced, no padding.
+    behave_logp: float32 log-prob of each response token under the behavior policy that
+        sampled it (temperature and top-p applied exactly as sampled).
+    versions: int64 policy version stamped on each response token when it was generated.
+    """
+
+    prompt_ids: torch.Tensor
+    response_ids: torch.Tensor
+    behave_logp: torch.Tensor
+    versions: torch.Tensor
+    finished: bool = True
+    extras: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = self.response_ids.numel()
+        if self.behave_logp.numel() != n or self.versions.numel() != n:
+            raise ValueError(
+                f"Generation: response_ids has {n} tokens but behave_logp has "
+                f"{self.behave_logp.numel()} and versions {self.versions.numel()}; they must match"
+            )
+
+
+class RolloutEngine(Protocol):
+    """What `a3po.rollout.build_engine(cfg.rollout, ...)` returns."""
+
+    version: int
+
+    def generate(
+        self, prompt_ids: Sequence[Sequence[int]], n_samples: int, *, seed: int
+    ) -> list[list[Generation]]:
+        """Sample `n_samples` responses per prompt; result[i][j] is sample j of prompt i."""
+        ...
+
+    def update_weights(self, policy: torch.nn.Module, version: int) -> None:
+        """Make the engine sample from `policy`'s current weights, stamped `version`."""
+        ...
+
+    def close(self) -> None:
+        ...

@@ -1,0 +1,221 @@
+"""The proximal approximation: hand-checked numbers, AReaL equality, properties, bad input."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from a3po.proximal import (
+    SCHEDULES,
+    approximate_prox_logp,
+    approximation_errors,
+    behave_weight_of_staleness,
+    staleness_stats,
+    target_weight,
+)
+
+SCHEDULE_PARAMS = {
+    "inverse": {},
+    "inverse_sqrt": {},
+    "exponential": {"gamma": 0.5},
+    "linear_decay": {"horizon": 4},
+    "constant": {"c": 0.25},
+    "behave": {},
+    "target": {},
+}
+
+
+def areal_reference(old_logp, logprobs, versions, current_version, method):
+    """The reference formula as the issue states it (AReaL compute_prox_logp_approximations):
+    alpha = (v_prox - v_behave) / (v_theta - v_behave), v_prox = v_theta - 1, 0 where
+    v_theta <= v_behave or version < 0, clamped to [0, 1]."""
+    v_behave = versions.float()
+    v_theta = float(current_version)
+    gap = (current_version - 1) - v_behave
+    diff = v_theta - v_behave
+    alpha = torch.where((diff > 0) & (versions >= 0), gap / diff, torch.zeros_like(v_behave))
+    alpha = torch.clamp(alpha, 0.0, 1.0)
+    if method == "loglinear":
+        return old_logp + alpha * (logprobs - old_logp)
+    mix = (1 - alpha) * torch.exp(old_logp) + alpha * torch.exp(logprobs)
+    return torch.log(mix + 1e-10)
+
+
+# A 2x3 example a reader can check by hand. current_version = 4.
+BEHAVE = torch.tensor([[-1.0, -2.0, -0.5], [-3.0, -1.0, -2.0]])
+TARGET = torch.tensor([[-2.0, -1.0, -0.5], [-1.0, -1.0, -4.0]])
+VERSIONS = torch.tensor([[-1, 4, 3], [2, 0, 1]])  # staleness: prompt, 0, 1, 2, 4, 3
+
+
+def test_hand_computed_loglinear_inverse():
+    # alpha = (d-1)/d: prompt -> 0, d=0 -> 0, d=1 -> 0, d=2 -> 1/2, d=4 -> 3/4, d=3 -> 2/3
+    expected = torch.tensor([
+        [-1.0, -2.0, -0.5],
+        [-3.0 + 0.5 * (-1.0 + 3.0), -1.0, -2.0 + (2 / 3) * (-4.0 + 2.0)],
+    ])
+    got = approximate_prox_logp(BEHAVE, TARGET, VERSIONS, 4)
+    torch.testing.assert_close(got, expected)
+    assert got[1, 0].item() == pytest.approx(-2.0)
+    assert got[1, 2].item() == pytest.approx(-2.0 - 4 / 3)
+
+
+def test_hand_computed_linear_inverse():
+    got = approximate_prox_logp(BEHAVE, TARGET, VERSIONS, 4, method="linear")
+    expected_10 = math.log(0.5 * math.exp(-3.0) + 0.5 * math.exp(-1.0) + 1e-10)
+    assert got[1, 0].item() == pytest.approx(expected_10, rel=1e-6)
+    assert got[0, 0].item() == -1.0  # prompt token: behave_logp exactly
+    assert got[0, 1].item() == pytest.approx(-2.0, abs=1e-8)  # d = 0
+
+
+def test_hand_computed_target_weights_every_schedule():
+    d = torch.tensor([0.0, 1.0, 2.0, 4.0])
+    expected_behave_weight = {
+        "inverse": [1, 1, 1 / 2, 1 / 4],
+        "inverse_sqrt": [1, 1, 1 / math.sqrt(2), 1 / 2],
+        "exponential": [1, 1, 0.5, 0.125],
+        "linear_decay": [1, 1, 0.75, 0.25],
+        "constant": [1, 0.25, 0.25, 0.25],
+        "behave": [1, 1, 1, 1],
+        "target": [1, 0, 0, 0],
+    }
+    for name, weights in expected_behave_weight.items():
+        got = behave_weight_of_staleness(d, name, **SCHEDULE_PARAMS[name])
+        torch.testing.assert_close(got, torch.tensor(weights, dtype=torch.float32), msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("method", ["loglinear", "linear"])
+def test_matches_areal_bit_for_bit(dtype, method):
+    gen = torch.Generator().manual_seed(0)
+    shape = (16, 64)
+    behave = (-torch.rand(shape, generator=gen) * 8).to(dtype)
+    target = (-torch.rand(shape, generator=gen) * 8).to(dtype)
+    current = 37
+    versions = torch.randint(-1, current + 2, shape, generator=gen)  # prompt, fresh, stale, future
+    ours = approximate_prox_logp(behave, target, versions, current, method=method)
+    ref = areal_reference(behave, target, versions, current, method)
+    generated = versions >= 0
+    assert ours.dtype == ref.dtype
+    assert torch.equal(ours[generated], ref[generated])
+    assert torch.equal(ours[~generated], behave[~generated])
+
+
+def test_no_gradient_through_anchor():
+    target = TARGET.clone().requires_grad_(True)
+    behave = BEHAVE.clone().requires_grad_(True)
+    out = approximate_prox_logp(behave, target, VERSIONS, 4)
+    assert not out.requires_grad
+
+
+finite_logp = st.floats(min_value=-30.0, max_value=0.0, allow_nan=False)
+
+
+@st.composite
+def token_batches(draw):
+    n = draw(st.integers(1, 12))
+    current = draw(st.integers(0, 20))
+    behave = torch.tensor(draw(st.lists(finite_logp, min_size=n, max_size=n)), dtype=torch.float64)
+    target = torch.tensor(draw(st.lists(finite_logp, min_size=n, max_size=n)), dtype=torch.float64)
+    versions = torch.tensor(draw(st.lists(st.integers(-1, current), min_size=n, max_size=n)))
+    schedule = draw(st.sampled_from(sorted(SCHEDULES)))
+    return behave, target, versions, current, schedule
+
+
+@settings(max_examples=200, deadline=None)
+@given(token_batches())
+def test_properties(batch):
+    behave, target, versions, current, schedule = batch
+    params = SCHEDULE_PARAMS[schedule]
+    alpha = target_weight(versions, current, schedule, **params)
+    assert bool(((alpha >= 0) & (alpha <= 1)).all())
+    fresh_or_prompt = (versions < 0) | (versions == current)
+    assert bool((alpha[fresh_or_prompt] == 0).all())
+    prox = approximate_prox_logp(behave, target, versions, current, schedule=schedule, **params)
+    # d = 0 and prompt tokens: the behaviour policy itself
+    assert torch.equal(prox[fresh_or_prompt], behave[fresh_or_prompt])
+    # loglinear anchor between behave and target in log space
+    low, high = torch.minimum(behave, target), torch.maximum(behave, target)
+    assert bool(((prox >= low - 1e-12) & (prox <= high + 1e-12)).all())
+    stale = (versions >= 0) & (versions < current)
+    if schedule == "behave":
+        assert torch.equal(prox, behave)
+    if schedule == "target":
+        # behave + 1 * (target - behave): the endpoint up to one rounding of |behave|
+        torch.testing.assert_close(prox[stale], target[stale], rtol=0, atol=1e-13)
+
+
+@settings(max_examples=100, deadline=None)
+@given(token_batches())
+def test_linear_lies_between_in_probability_space(batch):
+    behave, target, versions, current, schedule = batch
+    prox = approximate_prox_logp(behave, target, versions, current, method="linear",
+                                 schedule=schedule, **SCHEDULE_PARAMS[schedule])
+    p = torch.exp(prox)
+    low, high = torch.minimum(behave, target).exp(), torch.maximum(behave, target).exp()
+    assert bool(((p >= low * (1 - 1e-9)) & (p <= high + 2e-10)).all())
+
+
+def test_staleness_stats_token_weighted():
+    versions = torch.tensor([[-1, -1, 3, 3, 3], [-1, 1, 1, -1, -1]])
+    stats = staleness_stats(versions, current_version=4)
+    # generated tokens: staleness 1, 1, 1, 3, 3 -> mean 9/5
+    assert stats["staleness/mean"].item() == pytest.approx(9 / 5)
+    assert stats["staleness/max"].item() == 3
+    assert stats["staleness/min"].item() == 1
+    empty = staleness_stats(torch.full((2, 2), -1), current_version=4)
+    assert all(v.item() == 0 for v in empty.values())
+
+
+def test_approximation_errors_zero_when_exact_and_hand_value():
+    behave = torch.tensor([[-1.0, -2.0]])
+    target = torch.tensor([[-2.0, -2.0]])
+    versions = torch.tensor([[2, 2]])  # d = 2 at version 4: alpha = 1/2
+    mask = torch.tensor([[True, True]])
+    truth = torch.tensor([[-1.5, -2.0]])  # exactly the loglinear value
+    errs = approximation_errors(truth, behave, target, versions, 4, mask, {"inverse": {}, "behave": {}},
+                                methods=("loglinear",))
+    assert errs["prox_error/inverse/logp_abs"].item() == pytest.approx(0.0, abs=1e-7)
+    # behave schedule: prox = behave -> |(-1) - (-1.5)| = 0.5 and 0 -> mean 0.25
+    assert errs["prox_error/behave/logp_abs"].item() == pytest.approx(0.25)
+    iw = abs(math.exp(-2.0 + 1.0) - math.exp(-2.0 + 1.5)) / 2
+    assert errs["prox_error/behave/iw_abs"].item() == pytest.approx(iw, rel=1e-6)
+    bw = abs(1.0 - math.exp(-0.5)) / 2
+    assert errs["prox_error/behave/bw_abs"].item() == pytest.approx(bw, rel=1e-6)
+    both = approximation_errors(truth, behave, target, versions, 4, mask, {"inverse": {}})
+    assert set(both) == {f"prox_error/{label}/{m}" for label in ("inverse", "inverse-linear")
+                         for m in ("logp_abs", "iw_abs", "bw_abs")}
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(method="cubic"), r"method='cubic'.*allowed methods: \['loglinear', 'linear'\]"),
+        (dict(schedule="nope"), r"schedule='nope'.*allowed schedules"),
+        (dict(schedule="exponential", gamma=0.0), r"gamma=0.0.*\(0, 1\]"),
+        (dict(schedule="exponential", gamma=1.5), r"gamma=1.5.*\(0, 1\]"),
+        (dict(schedule="exponential"), r"needs the parameter 'gamma'"),
+        (dict(schedule="linear_decay", horizon=0.5), r"horizon=0.5.*>= 1"),
+        (dict(schedule="constant", c=-0.1), r"c=-0.1.*\[0, 1\]"),
+        (dict(schedule="constant", c=1.1), r"c=1.1.*\[0, 1\]"),
+    ],
+)
+def test_bad_arguments_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        approximate_prox_logp(BEHAVE, TARGET, VERSIONS, 4, **kwargs)
+
+
+def test_shape_mismatch_and_nonfinite_raise():
+    with pytest.raises(ValueError, match="shape mismatch"):
+        approximate_prox_logp(BEHAVE, TARGET[:, :2], VERSIONS, 4)
+    with pytest.raises(ValueError, match="integer tensor"):
+        approximate_prox_logp(BEHAVE, TARGET, VERSIONS.float(), 4)
+    bad_target = TARGET.clone()
+    bad_target[1, 0] = float("-inf")
+    with pytest.raises(ValueError, match="non-finite"):
+        approximate_prox_logp(BEHAVE, bad_target, VERSIONS, 4)
+    nan_behave = BEHAVE.clone()
+    nan_behave[0, 2] = float("nan")
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        approximate_prox_logp(nan_behave, TARGET, VERSIONS, 4, method="linear")
