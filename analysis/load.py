@@ -1,0 +1,332 @@
+"""Runs (local run directories or wandb) -> one tidy long DataFrame.
+
+Every figure and table in `analysis` is computed from this one frame, so a figure can be
+regenerated from any mix of sources and the CSV beside it is always traceable back to
+the rows here. The frame is long (one row per run, step and metric) rather than wide
+because metrics differ between algorithms (eval steps, metrics-mode `prox_error/...`
+keys) and a wide frame would be mostly holes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+log = logging.getLogger(__name__)
+
+TIDY_COLUMNS = [
+    "run",
+    "experiment",
+    "algo",
+    "schedule",
+    "staleness",
+    "seed",
+    "step",
+    "wall_time",
+    "metric",
+    "value",
+    "complete",
+]
+
+# The paper's default schedule: a label without brackets means this one.
+DEFAULT_SCHEDULE = "inverse"
+
+# `<algo>[-<schedule>]-d<staleness>-s<seed>` (DESIGN.md section 4); only a fallback for
+# configs that lack a key, the config stays the source of truth.
+_RUN_NAME = re.compile(r"^(?P<algo>[^-]+)(?:-(?P<schedule>.+))?-d(?P<staleness>\d+)-s(?P<seed>\d+)$")
+
+# Algorithms whose proximal policy depends on the schedule, for configs that predate
+# `algo.uses_schedule`.
+_SCHEDULE_ALGOS = {"loglinear", "linear"}
+
+
+class NoRunsError(FileNotFoundError):
+    """Nothing to analyse: raised instead of returning an empty frame, because every
+    downstream figure would silently come out blank."""
+
+
+class RunSkippedWarning(UserWarning):
+    """A run directory (or a line in it) could not be used; the message names it."""
+
+
+def label(algo: str, schedule: str | None) -> str:
+    """The display label that keys colours and legends.
+
+    The default schedule is left out so the paper's method reads as plain `loglinear`,
+    and every other schedule is spelt out so an ablation curve is never mistaken for it.
+    """
+    if not schedule or schedule == DEFAULT_SCHEDULE:
+        return str(algo)
+    return f"{algo}[{schedule}]"
+
+
+# Legend and table order: the baseline first, then the paper's method, then the rest.
+_LABEL_ORDER = ["recompute", "loglinear", "linear", "coupled", "metrics"]
+
+
+def label_sort_key(name: str) -> tuple[float, str]:
+    """Puts the known algorithms in a fixed order, each schedule ablation right after its
+    base algorithm and unknown labels last, so tables and legends line up across sweeps."""
+    base = name.split("[", 1)[0]
+    rank = _LABEL_ORDER.index(base) if base in _LABEL_ORDER else len(_LABEL_ORDER)
+    return (rank if name == base else rank + 0.5, name)
+
+
+def add_labels(df: pd.DataFrame) -> pd.DataFrame:
+    """The tidy frame plus a `label` column; figures and tables group by it."""
+    out = df.copy()
+    if out.empty:
+        out["label"] = pd.Series(dtype=object)
+        return out
+    pairs = out[["algo", "schedule"]].drop_duplicates()
+    mapping = {(a, s): label(a, s) for a, s in pairs.itertuples(index=False)}
+    out["label"] = [mapping[(a, s)] for a, s in zip(out["algo"], out["schedule"])]
+    return out
+
+
+def _lookup(config: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
+    """Read `a.b` from a nested config, or from a flattened one (`a.b` or `a/b` keys),
+    because wandb stores whatever shape the logger handed it."""
+    for flat_key in (dotted, dotted.replace(".", "/")):
+        if flat_key in config:
+            return _unwrap(config[flat_key])
+    node: Any = config
+    for part in dotted.split("."):
+        node = _unwrap(node)
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return _unwrap(node)
+
+
+def _unwrap(value: Any) -> Any:
+    """wandb's raw run config wraps each entry as {"value": ..., "desc": ...}."""
+    if isinstance(value, Mapping) and set(value) <= {"value", "desc"} and "value" in value:
+        return value["value"]
+    return value
+
+
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in {"true", "1", "yes"}
+    return bool(value)
+
+
+def run_identity(config: Mapping[str, Any], fallback_name: str, fallback_experiment: str = "") -> dict:
+    """Run name, experiment, algo, schedule, staleness, seed and total steps of one run.
+
+    The schedule is blanked ("") when the algorithm ignores it, so a recompute run made
+    with the default `schedule=inverse` does not look like a schedule ablation.
+    """
+    run = _lookup(config, "run_name") or fallback_name
+    parsed = _RUN_NAME.match(str(run))
+    parts = parsed.groupdict() if parsed else {}
+    algo = _lookup(config, "algo.name") or parts.get("algo") or ""
+    schedule = _lookup(config, "schedule.name") or parts.get("schedule") or ""
+    uses_schedule = _lookup(config, "algo.uses_schedule")
+    if uses_schedule is None:
+        uses_schedule = algo in _SCHEDULE_ALGOS
+    staleness = _lookup(config, "staleness", parts.get("staleness"))
+    seed = _lookup(config, "seed", parts.get("seed"))
+    total_steps = _lookup(config, "train.total_steps")
+    return {
+        "run": str(run),
+        "experiment": str(_lookup(config, "experiment_name") or fallback_experiment),
+        "algo": str(algo),
+        "schedule": str(schedule) if _as_bool(uses_schedule) else "",
+        "staleness": int(staleness) if staleness is not None else -1,
+        "seed": int(seed) if seed is not None else -1,
+        "total_steps": int(total_steps) if total_steps is not None else None,
+    }
+
+
+def _flatten(record: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in record.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{name}/"))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _numeric(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    return None
+
+
+def tidy_run(identity: Mapping[str, Any], records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """One run's step records -> its rows of the tidy frame.
+
+    A requeued job resumes from its last checkpoint and logs the steps after it again,
+    so when a step appears twice the later record wins: it is the one the surviving
+    weights actually took. Non-numeric values (strings, lists) have no place on a curve
+    and are dropped.
+    """
+    by_step: dict[int, dict[str, Any]] = {}
+    for record in records:
+        flat = _flatten(record)
+        step = _numeric(flat.get("step"))
+        if step is None or math.isnan(step):
+            continue
+        by_step[int(step)] = flat
+    rows = []
+    for step in sorted(by_step):
+        flat = by_step[step]
+        wall_time = _numeric(flat.get("wall_time"))
+        wall_time = math.nan if wall_time is None else wall_time
+        for metric, raw in flat.items():
+            if metric in ("step", "wall_time"):
+                continue
+            value = _numeric(raw)
+            if value is None or math.isnan(value):
+                continue
+            rows.append((step, wall_time, metric, value))
+    frame = pd.DataFrame(rows, columns=["step", "wall_time", "metric", "value"])
+    last_step = max(by_step) if by_step else -1
+    total_steps = identity.get("total_steps")
+    complete = total_steps is not None and last_step >= int(total_steps) - 1
+    for key in ("run", "experiment", "algo", "schedule", "staleness", "seed"):
+        frame[key] = identity[key]
+    frame["complete"] = bool(complete)
+    frame = frame.astype({"step": "int64", "wall_time": "float64", "value": "float64",
+                          "staleness": "int64", "seed": "int64", "complete": "bool"})
+    return frame[TIDY_COLUMNS]
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl; a line that does not parse (a run killed
+    mid-write leaves a truncated last line) is skipped with a warning naming it."""
+    records = []
+    with open(path, encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                warnings.warn(f"{path}:{line_number}: skipped an unparsable line ({error.msg})",
+                              RunSkippedWarning, stacklevel=2)
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+            else:
+                warnings.warn(f"{path}:{line_number}: skipped a line that is not a JSON object",
+                              RunSkippedWarning, stacklevel=2)
+    return records
+
+
+def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
+    """Directories holding a config.yaml, searched recursively below each path.
+
+    Hydra also writes `.hydra/config.yaml` inside every run dir; hidden directories
+    (and wandb's and the checkpoints' folders) are never runs.
+    """
+    found: dict[Path, None] = {}
+    for raw in paths:
+        root = Path(raw)
+        if not root.exists():
+            warnings.warn(f"{root}: no such path", RunSkippedWarning, stacklevel=2)
+            continue
+        if root.is_file():
+            root = root.parent
+        candidates = [root / "config.yaml", *sorted(root.rglob("config.yaml"))]
+        for config_path in candidates:
+            if not config_path.is_file():
+                continue
+            relative = config_path.parent.relative_to(root).parts
+            if any(part.startswith(".") or part in ("wandb", "checkpoints") for part in relative):
+                continue
+            found[config_path.parent.resolve()] = None
+    return list(found)
+
+
+def load_run_dir(run_dir: Path) -> pd.DataFrame | None:
+    """One run directory's rows, or None (with a warning naming it) when it has no
+    metrics to contribute."""
+    metrics_path = run_dir / "metrics.jsonl"
+    if not metrics_path.is_file() or metrics_path.stat().st_size == 0:
+        warnings.warn(f"{run_dir}: skipped, no metrics.jsonl (or it is empty)",
+                      RunSkippedWarning, stacklevel=2)
+        return None
+    with open(run_dir / "config.yaml", encoding="utf-8") as handle:
+        config = yaml.safe_load(handle) or {}
+    identity = run_identity(config, fallback_name=run_dir.name, fallback_experiment=run_dir.parent.name)
+    records = read_metrics(metrics_path)
+    if not records:
+        warnings.warn(f"{run_dir}: skipped, metrics.jsonl holds no readable step",
+                      RunSkippedWarning, stacklevel=2)
+        return None
+    frame = tidy_run(identity, records)
+    if len(frame) and not frame["complete"].iloc[0]:
+        log.info("%s: incomplete, last step %d of %s", identity["run"], frame["step"].max(),
+                 identity["total_steps"])
+    return frame
+
+
+def _concat(frames: list[pd.DataFrame], where: str) -> pd.DataFrame:
+    frames = [frame for frame in frames if frame is not None and not frame.empty]
+    if not frames:
+        raise NoRunsError(
+            f"no runs found in {where}: expected run directories holding config.yaml and a "
+            "non-empty metrics.jsonl (outputs/<experiment>/<run_name>/)")
+    df = pd.concat(frames, ignore_index=True)
+    return df.sort_values(["run", "metric", "step"], kind="stable").reset_index(drop=True)
+
+
+def load_runs(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
+    """The tidy frame of every run below `paths` (sweep dirs, run dirs, or any parent).
+
+    Raises NoRunsError when nothing usable is found, so a typo in a path fails loudly
+    instead of producing empty figures.
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    paths = list(paths)
+    frames = [load_run_dir(run_dir) for run_dir in find_run_dirs(paths)]
+    return _concat(frames, ", ".join(str(p) for p in paths) or "(no path given)")
+
+
+def load_wandb(project: str, entity: str | None = None, api: Any = None) -> pd.DataFrame:
+    """The tidy frame of every run in a wandb project, the same shape as `load_runs`.
+
+    The trainer logs `step` and `wall_time` as metrics; wandb's own `_step` and
+    `_runtime` stand in for runs logged without them. The full history is scanned (not
+    `history()`, which samples) so the CSVs match the local metrics.jsonl exactly.
+    """
+    if api is None:
+        import wandb
+
+        api = wandb.Api()
+    path = f"{entity}/{project}" if entity else project
+    frames = []
+    for run in api.runs(path):
+        config = dict(run.config or {})
+        identity = run_identity(config, fallback_name=run.name, fallback_experiment=project)
+        records = []
+        for row in run.scan_history():
+            record = {key: value for key, value in row.items() if not key.startswith("_")}
+            if record.get("step") is None and row.get("_step") is not None:
+                record["step"] = row["_step"]
+            if record.get("wall_time") is None and row.get("_runtime") is not None:
+                record["wall_time"] = row["_runtime"]
+            records.append(record)
+        if not records:
+            warnings.warn(f"wandb run {path}/{run.name}: skipped, no history", RunSkippedWarning,
+                          stacklevel=2)
+            continue
+        frames.append(tidy_run(identity, records))
+    return _concat(frames, f"wandb project {path}")

@@ -1,0 +1,515 @@
+"""analysis/: synthetic run directories with values known in closed form, so every
+number in the tidy frame, the figure CSVs and the summary can be checked by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import warnings
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+import yaml  # noqa: E402
+
+from analysis import figures, summary  # noqa: E402
+from analysis.load import TIDY_COLUMNS, NoRunsError, RunSkippedWarning, label, load_runs, load_wandb  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = REPO_ROOT / "analysis" / "notebooks" / "paper_figures.ipynb"
+
+TOTAL_STEPS = 20  # final reward window: max(1, 20 // 10) = 2 steps (18 and 19)
+EVAL_EVERY = 5
+ALGO_INDEX = {"recompute": 0, "loglinear": 1, "coupled": 2, "metrics": 3}
+BASE_STEP_TIME = {"recompute": 2.0, "loglinear": 1.5, "coupled": 1.0, "metrics": 2.5}
+PROX_TIME = {"recompute": 0.5, "loglinear": 1e-4, "coupled": 0.0, "metrics": 0.5}
+USES_SCHEDULE = {"recompute": False, "loglinear": True, "linear": True, "coupled": False, "metrics": False}
+
+
+# Closed forms of the synthetic metrics: the tests compare against these.
+def reward(algo, staleness, seed, step):
+    return 0.1 * step + 0.01 * seed + 0.05 * ALGO_INDEX[algo] + 0.001 * staleness
+
+
+def eval_reward(algo, staleness, seed, step):
+    return 0.2 + 0.1 * step + 0.01 * seed
+
+
+def step_time(algo, staleness, seed):
+    # recompute's step time grows with staleness, so the speedup differs per staleness.
+    growth = 1 + 0.5 * staleness if algo == "recompute" else 1.0
+    return BASE_STEP_TIME[algo] * growth * (1 + 0.1 * seed)
+
+
+def wall_time(algo, staleness, seed, step):
+    return (step + 1) * step_time(algo, staleness, seed)
+
+
+def entropy(algo, staleness, seed, step):
+    return 1.0 - 0.01 * step + 0.01 * seed
+
+
+def prox_error(schedule, staleness, seed, step):
+    base = {"inverse": 0.01, "exponential": 0.02, "inverse-linear": 0.015}[schedule]
+    return base * staleness + 0.001 * step + 0.0001 * seed
+
+
+def record(algo, staleness, seed, step):
+    a = ALGO_INDEX[algo]
+    row = {
+        "step": step,
+        "version": step,
+        "wall_time": wall_time(algo, staleness, seed, step),
+        "time/step": step_time(algo, staleness, seed),
+        "time/rollout": 0.3,
+        "time/prox_logp": PROX_TIME[algo],
+        "time/train": 0.7,
+        "time/weight_sync": 0.01,
+        "reward/mean": reward(algo, staleness, seed, step),
+        "actor/entropy": entropy(algo, staleness, seed, step),
+        "actor/importance_weight/max": 1.5 + 0.1 * a + 0.01 * step,
+        "actor/importance_weight/min": 0.5 - 0.01 * step,
+        "actor/importance_weight/mean": 1.0,
+        "actor/behave_weight/max": 1.2,
+        "actor/behave_weight/min": 0.8,
+        "actor/behave_weight/mean": 1.0,
+        "actor/clipped_tokens": 10 * a + step + seed,
+        "actor/clip_ratio": 0.01,
+        "actor/grad_norm": 0.5,
+        "actor/approx_kl": 0.001,
+        "actor/loss": -0.1,
+        "staleness/mean": float(min(step, staleness)),
+        "staleness/max": min(step, staleness),
+        "staleness/min": min(step, staleness),
+        "custom/extra": 7.0,
+        "note": "strings are not curves",
+    }
+    if step % EVAL_EVERY == 0:
+        row["eval/reward"] = eval_reward(algo, staleness, seed, step)
+    if algo == "metrics":
+        for schedule in ("inverse", "exponential", "inverse-linear"):
+            error = prox_error(schedule, staleness, seed, step)
+            row[f"prox_error/{schedule}/logp_abs"] = error
+            row[f"prox_error/{schedule}/iw_abs"] = 2 * error
+    return row
+
+
+def write_run(sweep: Path, algo: str, staleness: int, seed: int, schedule: str = "inverse",
+              steps: int = TOTAL_STEPS, total_steps: int = TOTAL_STEPS, experiment: str = "synthetic") -> Path:
+    """A run directory as the trainer leaves it: config.yaml, metrics.jsonl, .hydra/."""
+    uses = USES_SCHEDULE[algo]
+    name = f"{algo}{'-' + schedule if uses and schedule != 'inverse' else ''}-d{staleness}-s{seed}"
+    run_dir = sweep / name
+    (run_dir / ".hydra").mkdir(parents=True)
+    config = {
+        "run_name": name, "experiment_name": experiment, "staleness": staleness, "seed": seed,
+        "algo": {"name": algo, "uses_schedule": uses}, "schedule": {"name": schedule},
+        "train": {"total_steps": total_steps},
+    }
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    with open(run_dir / "metrics.jsonl", "w") as handle:
+        for step in range(steps):
+            handle.write(json.dumps(record(algo, staleness, seed, step)) + "\n")
+    return run_dir
+
+
+STALENESS = [1, 2]
+SEEDS = [0, 1]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> Path:
+    """3 algos x 2 staleness x 2 seeds, a loglinear[exponential] ablation run, and two
+    metrics-mode runs, plus the files Hydra leaves in a sweep dir."""
+    root = tmp_path_factory.mktemp("sweep") / "synthetic"
+    root.mkdir()
+    for algo in ("recompute", "loglinear", "coupled"):
+        for staleness in STALENESS:
+            for seed in SEEDS:
+                write_run(root, algo, staleness, seed)
+    write_run(root, "loglinear", 2, 0, schedule="exponential")
+    for staleness in STALENESS:
+        write_run(root, "metrics", staleness, 0)
+    (root / "multirun.yaml").write_text("hydra: {}\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def frame(sweep) -> pd.DataFrame:
+    return load_runs(sweep)
+
+
+@pytest.fixture(scope="module")
+def figure_dir(frame, tmp_path_factory) -> tuple[Path, list[Path]]:
+    out = tmp_path_factory.mktemp("figures")
+    return out, figures.make_figures(frame, out)
+
+
+def read_csv(out: Path, stem: str) -> pd.DataFrame:
+    return pd.read_csv(out / f"{stem}.csv", keep_default_na=False, na_values=[""])
+
+
+def one(frame: pd.DataFrame, **where) -> pd.Series:
+    mask = np.ones(len(frame), dtype=bool)
+    for column, value in where.items():
+        mask &= (frame[column] == value).to_numpy()
+    rows = frame[mask]
+    assert len(rows) == 1, (where, rows)
+    return rows.iloc[0]
+
+
+# --- load -----------------------------------------------------------------------------
+
+def test_label():
+    assert label("loglinear", "inverse") == "loglinear"
+    assert label("loglinear", "exponential") == "loglinear[exponential]"
+    assert label("recompute", "") == "recompute"
+    assert label("recompute", None) == "recompute"
+
+
+def test_tidy_frame_columns_and_values(frame):
+    assert list(frame.columns) == TIDY_COLUMNS
+    assert frame["run"].nunique() == 3 * 2 * 2 + 1 + 2
+    row = one(frame, run="loglinear-d2-s1", metric="reward/mean", step=3)
+    assert row["experiment"] == "synthetic"
+    assert row["algo"] == "loglinear" and row["schedule"] == "inverse"
+    assert row["staleness"] == 2 and row["seed"] == 1
+    assert row["value"] == pytest.approx(reward("loglinear", 2, 1, 3))
+    assert row["wall_time"] == pytest.approx(wall_time("loglinear", 2, 1, 3))
+    assert bool(row["complete"]) is True
+    # the schedule is blanked where the algorithm ignores it
+    assert set(frame.loc[frame["algo"] == "recompute", "schedule"]) == {""}
+    assert set(frame.loc[frame["run"] == "loglinear-exponential-d2-s0", "schedule"]) == {"exponential"}
+    # unknown numeric keys are kept, strings dropped, eval only on eval steps
+    assert (frame["metric"] == "custom/extra").any()
+    assert not (frame["metric"] == "note").any()
+    eval_steps = frame.loc[(frame["run"] == "coupled-d1-s0") & (frame["metric"] == "eval/reward"), "step"]
+    assert sorted(eval_steps) == [0, 5, 10, 15]
+    assert frame.loc[frame["run"] == "metrics-d1-s0", "metric"].str.startswith("prox_error/").sum() == 6 * TOTAL_STEPS
+    assert frame["step"].dtype == np.int64 and frame["complete"].dtype == bool
+
+
+def test_partial_run_and_truncated_line(tmp_path):
+    sweep = tmp_path / "partial"
+    run_dir = write_run(sweep, "loglinear", 2, 0, steps=10)
+    write_run(sweep, "recompute", 2, 0)
+    with open(run_dir / "metrics.jsonl", "a") as handle:
+        handle.write('{"step": 10, "reward/mean": 0.')  # killed mid-write
+    with pytest.warns(RunSkippedWarning, match=r"metrics\.jsonl:11"):
+        df = load_runs(sweep)
+    partial = df[df["run"] == "loglinear-d2-s0"]
+    assert not partial["complete"].any()
+    assert partial["step"].max() == 9
+    assert df.loc[df["run"] == "recompute-d2-s0", "complete"].all()
+    table = summary.summary_table(df)
+    row = one(table, label="loglinear", staleness=2)
+    assert row["n_incomplete"] == 1
+    assert row["train_time_s_mean"] == pytest.approx(wall_time("loglinear", 2, 0, 9))
+    assert row["final_reward_mean"] == pytest.approx(reward("loglinear", 2, 0, 9))  # 10 steps: window 1
+    assert one(table, label="recompute", staleness=2)["n_incomplete"] == 0
+
+
+def test_run_without_metrics_is_skipped_with_its_name(tmp_path):
+    sweep = tmp_path / "sweep"
+    write_run(sweep, "coupled", 1, 0)
+    broken = write_run(sweep, "recompute", 1, 0)
+    (broken / "metrics.jsonl").unlink()
+    empty = write_run(sweep, "loglinear", 1, 0)
+    (empty / "metrics.jsonl").write_text("")
+    with pytest.warns(RunSkippedWarning) as caught:
+        df = load_runs(sweep)
+    messages = " ".join(str(w.message) for w in caught)
+    assert "recompute-d1-s0" in messages and "loglinear-d1-s0" in messages
+    assert set(df["run"]) == {"coupled-d1-s0"}
+
+
+def test_run_dir_directly_and_nested(sweep, tmp_path):
+    direct = load_runs(sweep / "recompute-d1-s0")
+    assert set(direct["run"]) == {"recompute-d1-s0"}
+    nested = load_runs(sweep.parent)  # the sweep dir is found below its parent
+    assert nested["run"].nunique() == 15
+
+
+def test_empty_sweep_is_a_clear_error(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(NoRunsError, match="no runs found"):
+        load_runs(empty)
+    assert figures.main([str(empty)]) == 2
+    assert "no runs found" in capsys.readouterr().err
+
+
+def test_resumed_run_keeps_the_last_record_of_a_step(tmp_path):
+    run_dir = write_run(tmp_path / "sweep", "coupled", 1, 0, steps=4, total_steps=4)
+    with open(run_dir / "metrics.jsonl", "a") as handle:  # requeued: step 3 logged again
+        handle.write(json.dumps({"step": 3, "wall_time": 99.0, "reward/mean": 0.5}) + "\n")
+    df = load_runs(run_dir)
+    assert one(df, metric="reward/mean", step=3)["value"] == 0.5
+    assert one(df, metric="reward/mean", step=3)["wall_time"] == 99.0
+    assert not ((df["step"] == 3) & (df["metric"] == "actor/entropy")).any()
+
+
+# --- wandb ----------------------------------------------------------------------------
+
+class FakeRun:
+    def __init__(self, name, config, rows):
+        self.name, self.config, self._rows = name, config, rows
+
+    def scan_history(self):
+        return iter(self._rows)
+
+
+class FakeApi:
+    def __init__(self, runs):
+        self._runs = runs
+        self.paths = []
+
+    def runs(self, path):
+        self.paths.append(path)
+        return self._runs
+
+
+def test_load_wandb_with_a_fake_api(monkeypatch, sweep):
+    nested = {"run_name": "loglinear-d2-s1", "experiment_name": "synthetic", "staleness": 2, "seed": 1,
+              "algo": {"name": "loglinear", "uses_schedule": True}, "schedule": {"name": "inverse"},
+              "train": {"total_steps": 3}}
+    # flattened and value-wrapped, as an older logger might have left it
+    flat = {"run_name": {"value": "recompute-d2-s1"}, "experiment_name": {"value": "synthetic"},
+            "staleness": {"value": 2}, "seed": {"value": 1}, "algo.name": {"value": "recompute"},
+            "algo.uses_schedule": {"value": False}, "schedule.name": {"value": "inverse"},
+            "train.total_steps": {"value": 5}}
+    rows = [{**record("loglinear", 2, 1, step), "_step": step, "_runtime": 123.0, "_timestamp": 1.7e9}
+            for step in range(3)]
+    no_own_step = [{"_step": step, "_runtime": 10.0 * (step + 1), "reward/mean": 0.1 * step} for step in range(3)]
+    fake = FakeApi([FakeRun("a", nested, rows), FakeRun("b", flat, no_own_step)])
+    import wandb
+
+    monkeypatch.setattr(wandb, "Api", lambda *args, **kwargs: fake)
+    df = load_wandb("a3po", entity="team")
+    assert fake.paths == ["team/a3po"]
+    assert list(df.columns) == TIDY_COLUMNS
+    local = load_runs(sweep / "loglinear-d2-s1")
+    for step in range(3):
+        mine = one(df, run="loglinear-d2-s1", metric="reward/mean", step=step)
+        theirs = one(local, metric="reward/mean", step=step)
+        assert mine["value"] == pytest.approx(theirs["value"])
+        assert mine["wall_time"] == pytest.approx(theirs["wall_time"])
+    assert df.loc[df["run"] == "loglinear-d2-s1", "complete"].all()
+    assert not df["metric"].str.startswith("_").any()
+    other = df[df["run"] == "recompute-d2-s1"]
+    assert set(other["algo"]) == {"recompute"} and set(other["schedule"]) == {""}
+    assert one(other, step=2)["wall_time"] == 30.0
+    assert not other["complete"].any()  # 3 of 5 steps
+
+
+# --- figures --------------------------------------------------------------------------
+
+FIGURE_STEMS = ["fig1_prox_time", "fig2_reward_wallclock", "fig3_entropy", "fig4_importance_weight",
+                "fig5_clipped_tokens", "staleness_panel", "approx_error"]
+
+
+def test_every_figure_written_non_empty(figure_dir):
+    out, written = figure_dir
+    for stem in FIGURE_STEMS:
+        for suffix in (".png", ".pdf", ".csv"):
+            path = out / f"{stem}{suffix}"
+            assert path in written and path.stat().st_size > 0, path
+    assert (out / "fig1_prox_time.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "fig1_prox_time.pdf").read_bytes()[:4] == b"%PDF"
+
+
+def test_per_step_csv_holds_the_seed_mean(figure_dir):
+    out, _ = figure_dir
+    data = read_csv(out, "fig3_entropy")
+    row = one(data, label="loglinear", staleness=1, step=2)
+    values = [entropy("loglinear", 1, seed, 2) for seed in SEEDS]
+    assert row["mean"] == pytest.approx(np.mean(values))  # (0.98 + 0.99) / 2
+    assert row["min"] == pytest.approx(min(values)) and row["max"] == pytest.approx(max(values))
+    assert row["std"] == pytest.approx(np.std(values, ddof=1))
+    assert row["n_seeds"] == 2
+    assert one(data, label="loglinear[exponential]", staleness=2, step=2)["n_seeds"] == 1
+
+    weights = read_csv(out, "fig4_importance_weight")
+    assert set(weights["metric"]) == {"actor/importance_weight/max", "actor/importance_weight/min"}
+    assert one(weights, metric="actor/importance_weight/max", label="coupled", staleness=2, step=4)["mean"] \
+        == pytest.approx(1.5 + 0.2 + 0.04)
+    clipped = read_csv(out, "fig5_clipped_tokens")
+    assert one(clipped, label="recompute", staleness=1, step=7)["mean"] == pytest.approx(7.5)
+
+
+def test_log_scale_prox_time_leaves_out_zeros(figure_dir):
+    out, _ = figure_dir
+    data = read_csv(out, "fig1_prox_time")
+    assert "coupled" not in set(data["label"])  # its prox time is 0: nothing to draw on a log axis
+    assert one(data, label="loglinear", staleness=1, step=0)["mean"] == pytest.approx(1e-4)
+
+
+def test_reward_wallclock_csv(figure_dir):
+    out, _ = figure_dir
+    data = read_csv(out, "fig2_reward_wallclock")
+    curve = one(data, panel="reward_vs_wall_time", label="recompute", staleness=2, step=19)
+    assert curve["wall_time_s"] == pytest.approx(np.mean([wall_time("recompute", 2, s, 19) for s in SEEDS]))
+    assert curve["mean"] == pytest.approx(np.mean([reward("recompute", 2, s, 19) for s in SEEDS]))
+    bars = one(data, panel="training_time", label="loglinear", staleness=1)
+    times = [wall_time("loglinear", 1, s, TOTAL_STEPS - 1) for s in SEEDS]
+    assert bars["mean"] == pytest.approx(np.mean(times))
+    assert bars["min"] == pytest.approx(min(times)) and bars["max"] == pytest.approx(max(times))
+
+
+def final_reward(algo, staleness, seed):
+    return np.mean([reward(algo, staleness, seed, step) for step in (TOTAL_STEPS - 2, TOTAL_STEPS - 1)])
+
+
+def test_staleness_panel_csv(figure_dir):
+    out, _ = figure_dir
+    data = read_csv(out, "staleness_panel")
+    assert set(data["quantity"]) == {"final_reward", "train_time_s", "iw_max", "clipped_tokens"}
+    row = one(data, quantity="final_reward", label="coupled", staleness=2)
+    assert row["mean"] == pytest.approx(np.mean([final_reward("coupled", 2, s) for s in SEEDS]))
+    row = one(data, quantity="clipped_tokens", label="loglinear", staleness=1)
+    assert row["mean"] == pytest.approx(10 + np.mean(range(TOTAL_STEPS)) + 0.5)
+
+
+def test_approx_error_csv(figure_dir):
+    out, _ = figure_dir
+    data = read_csv(out, "approx_error")
+    assert set(data["schedule"]) == {"inverse", "exponential", "inverse-linear"}
+    assert set(data["label"]) == {"loglinear", "loglinear[exponential]", "linear"}
+    row = one(data, kind="logp_abs", schedule="exponential", staleness=2)
+    assert row["mean"] == pytest.approx(np.mean([prox_error("exponential", 2, 0, t) for t in range(TOTAL_STEPS)]))
+    assert one(data, kind="iw_abs", schedule="exponential", staleness=2)["mean"] == pytest.approx(2 * row["mean"])
+
+
+def test_figure_with_absent_metrics_is_skipped(frame, tmp_path, caplog):
+    without = frame[~frame["metric"].isin(["actor/entropy"]) & ~frame["metric"].str.startswith("prox_error/")]
+    with caplog.at_level("WARNING", logger="analysis.figures"):
+        assert figures.fig3_entropy(without, tmp_path) == []
+        assert figures.approx_error(without, tmp_path) == []
+    assert "fig3_entropy skipped" in caplog.text and "approx_error skipped" in caplog.text
+    assert not list(tmp_path.iterdir())
+    only_max = frame[frame["metric"] != "actor/importance_weight/min"]
+    assert len(figures.fig4_importance_weight(only_max, tmp_path)) == 3
+    assert set(read_csv(tmp_path, "fig4_importance_weight")["metric"]) == {"actor/importance_weight/max"}
+
+
+def test_colours_are_fixed_and_deterministic():
+    assert figures.colour("loglinear") == figures.PALETTE["loglinear"]
+    assert figures.colour("recompute") != figures.colour("loglinear")
+    assert figures.colour("loglinear[exponential]") == figures.colour("loglinear[exponential]")
+    assert figures.colour("linear[exponential]") != figures.colour("loglinear[exponential]")
+    assert figures.colour("something[new]") == figures.colour("something[new]")
+
+
+# --- summary --------------------------------------------------------------------------
+
+def test_summary_values(frame):
+    table = summary.summary_table(frame)
+    for staleness in STALENESS:
+        recompute = np.mean([wall_time("recompute", staleness, s, TOTAL_STEPS - 1) for s in SEEDS])
+        loglinear = np.mean([wall_time("loglinear", staleness, s, TOTAL_STEPS - 1) for s in SEEDS])
+        row = one(table, label="loglinear", staleness=staleness)
+        assert row["train_time_s_mean"] == pytest.approx(loglinear)
+        assert row["speedup_vs_recompute"] == pytest.approx(recompute / loglinear)
+        assert one(table, label="recompute", staleness=staleness)["speedup_vs_recompute"] == pytest.approx(1.0)
+    assert one(table, label="loglinear", staleness=2)["speedup_vs_recompute"] == pytest.approx(2 * 2 / 1.5)
+
+    row = one(table, label="coupled", staleness=1)
+    finals = [final_reward("coupled", 1, s) for s in SEEDS]
+    assert row["final_reward_mean"] == pytest.approx(np.mean(finals))
+    assert row["final_reward_std"] == pytest.approx(np.std(finals, ddof=1))
+    evals = [eval_reward("coupled", 1, s, 15) for s in SEEDS]
+    assert row["final_eval_reward_mean"] == pytest.approx(np.mean(evals))
+    assert row["iw_max_mean"] == pytest.approx(1.5 + 0.2 + 0.01 * np.mean(range(TOTAL_STEPS)))
+    assert row["iw_min_mean"] == pytest.approx(0.5 - 0.01 * np.mean(range(TOTAL_STEPS)))
+    assert row["prox_time_s_mean"] == pytest.approx(0.0)
+    assert row["entropy_mean"] == pytest.approx(1.0 - 0.01 * np.mean(range(TOTAL_STEPS)) + 0.005)
+    assert row["n_seeds"] == 2 and row["n_incomplete"] == 0
+
+    single = one(table, label="loglinear[exponential]", staleness=2)
+    assert single["n_seeds"] == 1 and math.isnan(single["final_reward_std"])
+    # recompute first, then the paper's method, within each staleness level
+    assert list(table["label"][table["staleness"] == 1])[:3] == ["recompute", "loglinear", "coupled"]
+
+
+def test_summary_files_and_markdown(frame, tmp_path):
+    markdown, paths = summary.write_summary(frame, tmp_path)
+    assert [p.name for p in paths] == ["summary.csv", "summary.md"]
+    assert (tmp_path / "summary.md").read_text() == markdown
+    csv = pd.read_csv(tmp_path / "summary.csv")
+    assert one(csv, label="loglinear", staleness=2)["speedup_vs_recompute"] == pytest.approx(2 * 2 / 1.5)
+    assert "## A-3PO paper" in markdown and "2.72" in markdown and "194.5" in markdown
+    lines = [line for line in markdown.splitlines() if line.startswith("|")]
+    assert len({len(line) for line in lines[: 2 + len(csv)]}) == 1  # the sweep table lines up
+    assert " ± " in markdown
+
+
+# --- CLI and notebook -----------------------------------------------------------------
+
+def test_cli_writes_everything(sweep, tmp_path, capsys):
+    out = tmp_path / "cli"
+    assert figures.main([str(sweep), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "## This sweep" in printed and "files written:" in printed
+    for stem in FIGURE_STEMS:
+        assert f"{stem}.png" in printed
+    assert (out / "summary.md").is_file() and (out / "summary.csv").is_file()
+
+
+def test_cli_default_out_dir(tmp_path):
+    sweep = tmp_path / "sweep"
+    write_run(sweep, "loglinear", 1, 0, steps=3, total_steps=3)
+    assert figures.main([str(sweep)]) == 0
+    assert (sweep / "figures" / "fig3_entropy.png").is_file()
+    assert load_runs(sweep)["run"].nunique() == 1  # the figures dir is not mistaken for a run
+
+
+def test_notebook_is_stored_without_outputs():
+    import nbformat
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nbformat.validate(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None
+
+
+def test_notebook_executes_against_the_sweep(sweep, tmp_path, monkeypatch):
+    """Runs on a kernelspec written here, pointing at this interpreter, so it needs no
+    `ipykernel install`, no user config and no network."""
+    import nbformat
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+    from nbclient import NotebookClient
+
+    kernel_dir = tmp_path / "kernels" / "a3po-test"
+    kernel_dir.mkdir(parents=True)
+    (kernel_dir / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "a3po test", "language": "python"}))
+    out = tmp_path / "nb-figures"
+    monkeypatch.setenv("A3PO_SWEEP_DIR", str(sweep))
+    monkeypatch.setenv("A3PO_FIGURES_DIR", str(out))
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    # Not installed? The notebook then finds `analysis` above its working directory.
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    km = KernelManager(kernel_name="a3po-test",
+                       kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")]))
+    client = NotebookClient(nb, km=km, timeout=300, resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+    client.execute()
+    for stem in FIGURE_STEMS:
+        assert (out / f"{stem}.png").stat().st_size > 0
+    assert (out / "summary.md").is_file()
+    shown = [output for cell in nb.cells for output in cell.get("outputs", [])
+             if "image/png" in output.get("data", {})]
+    assert len(shown) == len(FIGURE_STEMS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert nbformat.read(NOTEBOOK, as_version=4).cells[-1].outputs == []  # the stored file is untouched
