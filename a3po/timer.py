@@ -1,0 +1,47 @@
+"""Phase timers: the numbers behind the paper's Fig. 1 and the training-time comparison.
+
+Every phase of a step is measured by the same clock in the same way for every algo, so
+`time/prox_logp` of recompute and of loglinear are comparable. On a GPU the clock is read
+only after a device synchronize: kernel launches are asynchronous, and without it a phase
+would be charged to whichever later phase happened to wait.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+
+
+def synchronize(device: torch.device | str | None) -> None:
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class PhaseTimer:
+    """Accumulates wall-clock seconds per phase name; `pop()` returns and resets them."""
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        self.device = device
+        self._seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        synchronize(self.device)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            synchronize(self.device)
+            self._seconds[name] += time.perf_counter() - start
+
+    def add(self, name: str, seconds: float) -> None:
+        self._seconds[name] += seconds
+
+    def pop(self) -> dict[str, float]:
+        out = {f"time/{name}": seconds for name, seconds in self._seconds.items()}
+        self._seconds.clear()
+        return out

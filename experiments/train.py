@@ -1,0 +1,31 @@
+"""Train one run, or a sweep with -m. All logic lives in a3po.train.run.
+
+    python experiments/train.py algo=loglinear staleness=4
+    python experiments/train.py -m experiment=staleness_sweep
+"""
+
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+
+import a3po.config  # noqa: E402,F401  (registers the run-name resolver used by conf/config.yaml)
+from a3po.errors import ConfigError  # noqa: E402
+from a3po.train import run  # noqa: E402
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    try:
+        run(cfg)
+    except ConfigError as err:
+        # A config mistake is the user's to fix: say what, not where in our code.
+        print(f"config error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""Shared fixtures: compose the real Hydra config with test-sized overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+import a3po.config  # noqa: F401  (registers the run-name resolver)
+
+REPO = Path(__file__).resolve().parents[1]
+CONF_DIR = REPO / "conf"
+
+# Small enough for a 2-core CPU: a step of the tiny model takes well under a second.
+TINY_OVERRIDES = [
+    "model=tiny",
+    "logger=none",
+    "train.total_steps=3",
+    "train.n_prompts=2",
+    "train.n_samples=2",
+    "train.n_minibatches=2",
+    "train.token_budget=256",
+    "train.eval_every=2",
+    "train.eval_size=2",
+    "train.checkpoint_every=2",
+    "rollout.max_new_tokens=8",
+]
+
+
+def compose_config(overrides: list[str], output_root: Path | None = None, with_hydra: bool = False):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        extra = [f"output_root={output_root}"] if output_root is not None else []
+        return compose(config_name="config", overrides=[*overrides, *extra], return_hydra_config=with_hydra)
+
+
+@pytest.fixture
+def tiny_cfg(tmp_path):
+    """A function: overrides -> composed tiny config writing under tmp_path."""
+
+    def make(*overrides: str):
+        return compose_config([*TINY_OVERRIDES, *overrides], output_root=tmp_path / "outputs")
+
+    return make
