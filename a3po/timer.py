@@ -24,8 +24,11 @@ def synchronize(device: torch.device | str | None) -> None:
 class PhaseTimer:
     """Accumulates wall-clock seconds per phase name; `pop()` returns and resets them."""
 
-    def __init__(self, device: torch.device | str | None = None) -> None:
+    def __init__(self, device: torch.device | str | None = None, always: tuple[str, ...] = ()) -> None:
+        """`always`: phases reported (as 0.0) even in a step where they did not run, so every
+        line of metrics.jsonl has the same timing keys (e.g. no rollout in a lagged step)."""
         self.device = device
+        self.always = always
         self._seconds: dict[str, float] = defaultdict(float)
 
     @contextmanager
@@ -42,6 +45,7 @@ class PhaseTimer:
         self._seconds[name] += seconds
 
     def pop(self) -> dict[str, float]:
-        out = {f"time/{name}": seconds for name, seconds in self._seconds.items()}
+        out = {f"time/{name}": 0.0 for name in self.always}
+        out.update({f"time/{name}": seconds for name, seconds in self._seconds.items()})
         self._seconds.clear()
         return out

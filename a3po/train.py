@@ -138,7 +138,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
     device = resolve_device(cfg.device)
     _seed_everything(cfg.seed)
-    timer = PhaseTimer(device)
+    timer = PhaseTimer(device, always=("rollout", "prox_logp", "train", "weight_sync"))
     task = build_task(cfg.task, cfg.seed)
     policy, tokenizer = load_policy(cfg.model, device=device, seed=cfg.seed)
     engine = build_engine(cfg.rollout, policy, tokenizer, device)
