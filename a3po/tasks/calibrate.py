@@ -1,0 +1,125 @@
+"""Measure a task's starting mean reward under the trainer's sampling settings.
+
+GRPO learns nothing from a group whose rewards are all equal, so a task level is only
+useful if the starting policy succeeds sometimes but not always. This samples the way the
+hf rollout engine does (temperature, top_p, no top-k, max_new_tokens) and prints the mean
+reward with its standard error, e.g.
+
+    python -m a3po.tasks.calibrate --level 1 --prompts 32 --samples 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import torch
+
+from a3po.models import load_policy
+from a3po.tasks import ANSWER_INSTRUCTION, build_task, render_prompt
+
+
+def measure_mean_reward(
+    model,
+    tokenizer,
+    task,
+    *,
+    n_prompts: int,
+    n_samples: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 32,
+    batch_size: int = 32,
+    seed: int = 0,
+    instruction: str = ANSWER_INSTRUCTION,
+) -> dict:
+    problems = [p for p in task.train_batch(0, n_prompts) for _ in range(n_samples)]
+    prompts = [render_prompt(tokenizer, p.question, instruction) for p in problems]
+    scores, malformed, examples = [], 0, []
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        for start in range(0, len(prompts), batch_size):
+            encoded = tokenizer(
+                prompts[start : start + batch_size],
+                return_tensors="pt",
+                padding=True,
+                add_special_tokens=False,
+            ).to(model.device)
+            with torch.no_grad():
+                output = model.generate(
+                    **encoded,
+                    do_sample=True,
+                    temperature=temperature,
+                    top_p=top_p,
+                    top_k=0,
+                    max_new_tokens=max_new_tokens,
+                )
+            completions = tokenizer.batch_decode(
+                output[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True
+            )
+            for completion, problem in zip(completions, problems[start : start + batch_size]):
+                result = task.reward(completion, problem.answer)
+                scores.append(result.score)
+                malformed += result.malformed
+                if len(examples) < 4:
+                    examples.append((problem.question, problem.answer, completion, result.score))
+    finally:
+        torch.random.set_rng_state(generator_state)
+    mean = sum(scores) / len(scores)
+    return {
+        "mean_reward": mean,
+        "standard_error": math.sqrt(mean * (1 - mean) / len(scores)),
+        "malformed_rate": malformed / len(scores),
+        "n": len(scores),
+        "examples": examples,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--task", default="arith")
+    parser.add_argument("--level", type=int, default=1)
+    parser.add_argument("--path", default=None, help="local GSM8K file or directory")
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--instruction", default=ANSWER_INSTRUCTION, help="to try other prompts")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_policy(
+        {"name": "smollm2_135m", "source": "smollm2_gguf", "dtype": "float32"}
+    )
+    model.eval()
+    task = build_task({"name": args.task, "level": args.level, "path": args.path}, seed=args.seed)
+    started = time.perf_counter()
+    result = measure_mean_reward(
+        model,
+        tokenizer,
+        task,
+        n_prompts=args.prompts,
+        n_samples=args.samples,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        instruction=args.instruction,
+    )
+    for question, answer, completion, score in result["examples"]:
+        print(f"{question!r} (gold {answer}) -> {completion!r} score={score}")
+    print(
+        f"task={args.task} level={args.level} n={result['n']} "
+        f"mean_reward={result['mean_reward']:.3f} +- {result['standard_error']:.3f} "
+        f"malformed={result['malformed_rate']:.3f} ({time.perf_counter() - started:.0f}s)"
+    )
+
+
+if __name__ == "__main__":
+    main()

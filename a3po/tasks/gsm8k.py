@@ -1,0 +1,153 @@
+"""GSM8K grade-school maths, from the hub (`openai/gsm8k`, config `main`) or a local copy.
+
+A local copy is either a directory holding train and test files (the hub's own layout, e.g.
+`main/train-00000-of-00001.parquet`) or a single jsonl/parquet file, which is split into
+train and held-out problems by a stable hash of the question, as arith does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from a3po.errors import ConfigError
+from a3po.tasks.base import Problem, RewardResult
+from a3po.tasks.reward import ANSWER_MARKER, numeric_reward
+from a3po.tasks.splits import DEFAULT_HELD_OUT_FRACTION, is_held_out, step_rng
+
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+DEFAULT_HUB_ID = "openai/gsm8k"
+DEFAULT_HUB_CONFIG = "main"
+
+
+def gold_answer(solution: str) -> str:
+    """GSM8K's canonical answer: the text after `####`, thousands separators removed."""
+    if ANSWER_MARKER not in solution:
+        raise ValueError(
+            f"GSM8K solution has no '{ANSWER_MARKER}' final answer: {solution[-80:]!r}"
+        )
+    final = solution.rsplit(ANSWER_MARKER, 1)[1].strip()
+    return re.sub(r"(?<=\d),(?=\d{3})", "", final)
+
+
+def _read_records(path: Path) -> list[dict]:
+    if path.suffix == ".parquet":
+        import pandas as pd
+
+        return pd.read_parquet(path, columns=["question", "answer"]).to_dict("records")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json" and text.lstrip().startswith("["):
+        return json.loads(text)
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _to_problems(records, source: str) -> list[Problem]:
+    problems = []
+    for index, record in enumerate(records):
+        try:
+            answer = gold_answer(record["answer"])
+            problems.append(Problem(question=record["question"], answer=answer))
+        except (KeyError, ValueError) as error:
+            raise ValueError(
+                f"{source}: record {index} is not in GSM8K format ({error})"
+            ) from error
+    return problems
+
+
+def _find_split_file(directory: Path, split: str) -> Path | None:
+    matches = sorted(
+        p for p in directory.rglob(f"*{split}*") if p.is_file() and p.suffix in DATA_SUFFIXES
+    )
+    return matches[0] if matches else None
+
+
+def load_gsm8k(
+    path: str | None,
+    hub_id: str = DEFAULT_HUB_ID,
+    hub_config: str = DEFAULT_HUB_CONFIG,
+    held_out_fraction: float = DEFAULT_HELD_OUT_FRACTION,
+) -> tuple[list[Problem], list[Problem]]:
+    """Return (train, held_out) problem lists."""
+    if path is None:
+        import datasets
+
+        dataset = datasets.load_dataset(hub_id, hub_config)
+        return (
+            _to_problems(dataset["train"], f"{hub_id}:train"),
+            _to_problems(dataset["test"], f"{hub_id}:test"),
+        )
+    location = Path(path).expanduser()
+    if location.is_dir():
+        train_file = _find_split_file(location, "train")
+        test_file = _find_split_file(location, "test")
+        if train_file is None or test_file is None:
+            raise ConfigError(
+                f"task.path={path!r}: a directory must hold a train and a test file "
+                f"({', '.join(DATA_SUFFIXES)}); found train={train_file}, test={test_file}"
+            )
+        return (
+            _to_problems(_read_records(train_file), str(train_file)),
+            _to_problems(_read_records(test_file), str(test_file)),
+        )
+    problems = _to_problems(_read_records(location), str(location))
+    train = [p for p in problems if not is_held_out(p.question, held_out_fraction)]
+    held_out = [p for p in problems if is_held_out(p.question, held_out_fraction)]
+    return train, held_out
+
+
+@dataclass
+class GSM8KTask:
+    seed: int
+    path: str | None = None
+    hub_id: str = DEFAULT_HUB_ID
+    hub_config: str = DEFAULT_HUB_CONFIG
+    held_out_fraction: float = DEFAULT_HELD_OUT_FRACTION
+    train: list[Problem] = field(init=False, repr=False)
+    held_out: list[Problem] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.train, self.held_out = load_gsm8k(
+            self.path, self.hub_id, self.hub_config, self.held_out_fraction
+        )
+        if not self.train or not self.held_out:
+            raise ConfigError(
+                f"task.path={self.path!r} gives {len(self.train)} training and "
+                f"{len(self.held_out)} held-out problems; both must be non-empty"
+            )
+
+    def train_batch(self, step: int, n_prompts: int) -> list[Problem]:
+        """Epochs over the training set, each in its own seeded order, indexed by step.
+
+        Position `step * n_prompts + j` of the infinite sequence of epochs is computed
+        directly, so every problem is seen once per epoch and a resumed run continues exactly.
+        """
+        size = len(self.train)
+        batch = []
+        for position in range(step * n_prompts, (step + 1) * n_prompts):
+            epoch, offset = divmod(position, size)
+            order = self._epoch_order(epoch)
+            batch.append(self.train[int(order[offset])])
+        return batch
+
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        cached = getattr(self, "_cached_order", None)
+        if cached is not None and cached[0] == epoch:
+            return cached[1]
+        order = step_rng(self.seed, epoch, len(self.train)).permutation(len(self.train))
+        self._cached_order = (epoch, order)
+        return order
+
+    def eval_problems(self, n: int) -> list[Problem]:
+        return self.held_out[:n]
+
+    def reward(self, completion: str, answer: str) -> RewardResult:
+        return numeric_reward(completion, answer)
+
+
+def local_path_missing(path: str | None) -> bool:
+    return path is not None and not os.path.exists(os.path.expanduser(path))
