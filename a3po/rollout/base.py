@@ -42,6 +42,11 @@ class Generation:
             )
 
 
+class GenerationCancelled(RuntimeError):
+    """Raised by an engine's `generate` after `cancel()`: a runtime shutting down must not
+    wait for a whole batch of generation it is going to throw away."""
+
+
 class RolloutEngine(Protocol):
     """What `a3po.rollout.build_engine(cfg.rollout, ...)` returns."""
 

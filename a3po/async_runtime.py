@@ -1,0 +1,315 @@
+"""`runtime=async`: rollout runs concurrently with training, its staleness bounded by eta.
+
+Why a thread and not a process: the heavy work on both sides is torch kernels, which release
+the GIL, so a thread overlaps them (SmolLM2-135M with the HF engine on 2 shared CPU cores, one
+torch thread each: 4 steps took 99 s async against 145 s lagged). The GIL only shows when
+both sides are Python-bound (the tiny test model: 22 s against 19 s). A process would have to
+receive every update through serialisation or shared memory (vLLM 0.32's multiprocess engine
+cannot take tensors through `collective_rpc` at all), where a thread hands over a memory copy
+(HF) or a by-reference in-place reload (vLLM, about 1 s for SmolLM2), and stops with a join.
+
+Admission is AReaL's `StalenessManager` rule: a rollout may start only while
+`accepted + running < (eta + version + 1) * batch_size`. Here a rollout is one prompt group
+and the worker admits the `batch_size` groups of one training step together, which is the
+same rule applied to each of them in turn. Batches are consumed in the order they were
+started, so batch k starts at a trainer version v >= k - eta and is trained at version k:
+no token is ever staler than eta. Each token's version is stamped by the engine when the
+token is generated, never read after the request returns.
+"""
+
+from __future__ import annotations
+
+import atexit
+import copy
+import logging
+import threading
+import time
+from typing import Callable
+
+import torch
+
+from a3po.rollout.base import GenerationCancelled
+from a3po.rollout.hf import HFEngine
+from a3po.timer import PhaseTimer
+from a3po.trainer import RolloutBatch
+
+log = logging.getLogger(__name__)
+
+
+class StalenessManager:
+    """AReaL's admission control, counted in rollouts (prompt groups).
+
+    `accepted` counts every rollout ever accepted (consumed or waiting), so the bound is on
+    how far generation may run ahead of training, not on the queue length.
+    """
+
+    def __init__(self, max_staleness: int, batch_size: int, accepted: int = 0) -> None:
+        if max_staleness < 0 or batch_size < 1:
+            raise ValueError(f"max_staleness={max_staleness} must be >= 0 and batch_size={batch_size} >= 1")
+        self.max_staleness = max_staleness
+        self.batch_size = batch_size
+        self.accepted = accepted
+        self.running = 0
+
+    def capacity(self, version: int) -> int:
+        return (self.max_staleness + version + 1) * self.batch_size - (self.accepted + self.running)
+
+    def can_start(self, n_rollouts: int, version: int) -> bool:
+        return self.capacity(version) >= n_rollouts
+
+    def on_started(self, n_rollouts: int) -> None:
+        self.running += n_rollouts
+
+    def on_accepted(self, n_rollouts: int) -> None:
+        self.running -= n_rollouts
+        self.accepted += n_rollouts
+
+    def on_rejected(self, n_rollouts: int) -> None:
+        self.running -= n_rollouts
+
+
+class HFCopyEngine(HFEngine):
+    """An HF engine over a private copy of the policy, for generation concurrent with training.
+
+    `HFEngine` samples from the trainer's own module, which the optimizer changes in place
+    mid-generation. This copy changes only between `generate` calls: an update that arrives
+    while a batch is generating is staged (one clone of the state dict) and loaded before the
+    next batch, so every token of a call is sampled, and stamped, by one version and the
+    trainer never waits for generation to finish.
+    """
+
+    def __init__(self, policy: torch.nn.Module, tokenizer, **kwargs) -> None:
+        private = copy.deepcopy(policy).requires_grad_(False)
+        super().__init__(private, tokenizer, **kwargs)
+        self._generate_lock = threading.Lock()
+        self._pending_lock = threading.Lock()
+        self._pending: tuple[dict[str, torch.Tensor], int] | None = None
+        self._cancelled = threading.Event()
+        # generate() calls forward once per new token: the earliest point a cancel can act
+        private.register_forward_pre_hook(self._raise_if_cancelled)
+
+    @classmethod
+    def from_engine(cls, engine: HFEngine) -> "HFCopyEngine":
+        return cls(engine.policy, engine.tokenizer, temperature=engine.temperature, top_p=engine.top_p,
+                   max_new_tokens=engine.max_new_tokens, batch_size=engine.batch_size, version=engine.version)
+
+    def _raise_if_cancelled(self, module, args) -> None:
+        if self._cancelled.is_set():
+            raise GenerationCancelled("generation cancelled: the runtime is shutting down")
+
+    @torch.no_grad()
+    def _load(self, state: dict[str, torch.Tensor]) -> None:
+        for name, tensor in self.policy.state_dict().items():
+            tensor.copy_(state[name])
+
+    def update_weights(self, policy: torch.nn.Module, version: int) -> None:
+        if policy is self.policy:
+            raise ValueError("HFCopyEngine.update_weights got its own private copy; pass the trainer's policy")
+        if self._generate_lock.acquire(blocking=False):
+            try:
+                with self._pending_lock:
+                    self._pending = None
+                self._load(policy.state_dict())
+                self.version = version
+            finally:
+                self._generate_lock.release()
+            return
+        staged = {name: tensor.detach().clone() for name, tensor in policy.state_dict().items()}
+        with self._pending_lock:
+            self._pending = (staged, version)
+
+    def _apply_pending(self) -> None:
+        with self._pending_lock:
+            pending, self._pending = self._pending, None
+        if pending is not None:
+            self._load(pending[0])
+            self.version = pending[1]
+
+    def generate(self, prompt_ids, n_samples: int, *, seed: int):
+        with self._generate_lock:
+            if self._cancelled.is_set():
+                raise GenerationCancelled("generation cancelled: the runtime is shutting down")
+            self._apply_pending()
+            return super().generate(prompt_ids, n_samples, seed=seed)
+
+    def cancel(self) -> None:
+        """End the current and every later `generate` with GenerationCancelled (shutdown)."""
+        self._cancelled.set()
+
+    def close(self) -> None:
+        self.cancel()
+        with self._generate_lock:
+            self._pending = None
+            super().close()
+
+
+def _count_tokens(batch: RolloutBatch) -> int:
+    return sum(s.response_ids.numel() for s in batch.samples)
+
+
+class AsyncRuntime:
+    def __init__(self, produce: Callable[[int], RolloutBatch], *, total_steps: int, max_staleness: int,
+                 batch_size: int, shutdown_timeout_s: float = 120.0, engine=None,
+                 step_timer: PhaseTimer | None = None) -> None:
+        self.produce = produce
+        self.total_steps = total_steps
+        self.max_staleness = max_staleness
+        self.batch_size = batch_size
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.engine = engine  # only to cancel a generation in flight at shutdown
+        # The trainer's timer: a batch's rollout phases are charged to the step that trains on it,
+        # from the training thread, so `time/rollout` means the same in every runtime.
+        self.step_timer = step_timer
+        self._rollout_phases: dict[int, dict[str, float]] = {}
+        self.manager = StalenessManager(max_staleness, batch_size)
+        self.next_to_generate = 0
+        self._ready: dict[int, RolloutBatch] = {}
+        self._version = 0
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._worker: threading.Thread | None = None
+        self._closed = False
+
+    @classmethod
+    def from_config(cls, cfg, produce) -> "AsyncRuntime":
+        """Give rollout what concurrency needs before the run's first weight sync.
+
+        The producer's engine is swapped for one that owns its weights when it would share the
+        trainer's module, and its phase timer for a private one: the trainer's timer is popped
+        once per step by the training thread and must not receive rollout time at random.
+        """
+        runtime_cfg = cfg.runtime
+        engine = getattr(produce, "engine", None)
+        if type(engine) is HFEngine:
+            engine = produce.engine = HFCopyEngine.from_engine(engine)
+        if engine is not None and hasattr(engine, "interruptible"):
+            engine.interruptible = bool(runtime_cfg.get("interruptible", False))
+        step_timer = getattr(produce, "timer", None)
+        if isinstance(step_timer, PhaseTimer):
+            produce.timer = PhaseTimer(step_timer.device)
+        return cls(produce, total_steps=cfg.train.total_steps, max_staleness=runtime_cfg.max_staleness,
+                   batch_size=cfg.train.n_prompts, shutdown_timeout_s=runtime_cfg.get("shutdown_timeout_s", 120.0),
+                   engine=engine, step_timer=step_timer if isinstance(step_timer, PhaseTimer) else None)
+
+    # ------------------------------------------------------------------ trainer side
+    def batch_for(self, step: int, version: int) -> RolloutBatch:
+        """Block until the batch for `step` is ready; `version` (the trainer's) opens capacity."""
+        if self._closed:
+            raise RuntimeError("async runtime: batch_for called after close()")
+        started = time.perf_counter()
+        with self._cond:
+            self._version = version
+            self._cond.notify_all()
+        self._ensure_worker()
+        with self._cond:
+            while step not in self._ready:
+                if self._error is not None:
+                    raise RuntimeError(f"async runtime: rollout failed while the trainer waited for step {step}") from self._error
+                if step < self.next_to_generate or not self._worker.is_alive():
+                    raise RuntimeError(f"async runtime: the batch for step {step} will never arrive "
+                                       f"(generated up to {self.next_to_generate}, worker alive: {self._worker.is_alive()})")
+                self._cond.wait(timeout=1.0)
+            batch = self._ready.pop(step)
+            phases = self._rollout_phases.pop(step, {})
+        for name, seconds in phases.items():
+            if self.step_timer is not None:
+                self.step_timer.add(name, seconds)
+            else:
+                batch.stats[f"time/{name}"] = seconds
+        batch.stats["time/wait_data"] = time.perf_counter() - started
+        staleness = version - torch.cat([s.versions for s in batch.samples])
+        if staleness.numel() and int(staleness.min()) < 0:
+            raise RuntimeError(f"async runtime: a token of step {step} carries a version newer than the trainer's {version}")
+        for d, count in enumerate(torch.bincount(staleness).tolist()):
+            if count:
+                batch.stats[f"staleness/hist/{d}"] = float(count)
+        return batch
+
+    def _ensure_worker(self) -> None:
+        """Started at the first request, not at construction, so a checkpoint's queue is loaded first."""
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._work, name="a3po-rollout", daemon=True)
+            self._worker.start()
+            atexit.register(self.close)
+
+    # ------------------------------------------------------------------ rollout side
+    def _work(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    if self.next_to_generate >= self.total_steps:
+                        return
+                    waited_from = time.perf_counter()
+                    while not self._stop.is_set() and not self.manager.can_start(self.batch_size, self._version):
+                        self._cond.wait()
+                    if self._stop.is_set():
+                        return
+                    step = self.next_to_generate
+                    wait_capacity = time.perf_counter() - waited_from
+                    start_version = self._version
+                    self.manager.on_started(self.batch_size)
+                try:
+                    began = time.perf_counter()
+                    batch = self.produce(step)
+                    seconds = time.perf_counter() - began
+                except BaseException:
+                    with self._cond:
+                        self.manager.on_rejected(self.batch_size)
+                    raise
+                timer = getattr(self.produce, "timer", None)
+                phases = {"rollout": seconds}
+                if isinstance(timer, PhaseTimer):
+                    phases.update({name.removeprefix("time/"): value for name, value in timer.pop().items()})
+                batch.stats["time/wait_capacity"] = wait_capacity
+                batch.stats["rollout/tokens_per_s"] = _count_tokens(batch) / max(seconds, 1e-9)
+                batch.stats["rollout/admitted_at_version"] = float(start_version)
+                with self._cond:
+                    self._ready[step] = batch
+                    self._rollout_phases[step] = phases
+                    self.next_to_generate = step + 1
+                    self.manager.on_accepted(self.batch_size)
+                    self._cond.notify_all()
+        except GenerationCancelled:
+            if not self._stop.is_set():
+                self._fail(RuntimeError("rollout was cancelled while the runtime was still running"))
+        except BaseException as err:  # handed to the trainer thread, which raises it
+            self._fail(err)
+
+    def _fail(self, err: BaseException) -> None:
+        with self._cond:
+            self._error = err
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ lifecycle
+    def state_dict(self) -> dict:
+        """Finished batches only: one still generating is regenerated after a resume."""
+        with self._cond:
+            return {"queue": [self._ready[k] for k in sorted(self._ready)], "next_to_generate": self.next_to_generate}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self._worker is not None:
+            raise RuntimeError("async runtime: load_state_dict must come before the first batch_for")
+        self._ready = {batch.step: batch for batch in state["queue"]}
+        self.next_to_generate = state["next_to_generate"]
+        self.manager = StalenessManager(self.max_staleness, self.batch_size, accepted=self.next_to_generate * self.batch_size)
+
+    def close(self) -> None:
+        """Stop the worker, cancelling a generation in flight, and wait for it to end."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        cancel = getattr(self.engine, "cancel", None)
+        if self._worker is not None and self._worker.is_alive() and callable(cancel):
+            cancel()
+        with self._cond:
+            self._cond.notify_all()
+        if self._worker is not None:
+            self._worker.join(timeout=self.shutdown_timeout_s)
+            if self._worker.is_alive():
+                log.error("async runtime: the rollout thread did not stop within %.0f s", self.shutdown_timeout_s)
+            atexit.unregister(self.close)
+        with self._cond:
+            self._ready.clear()
+            self._rollout_phases.clear()

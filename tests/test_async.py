@@ -1,0 +1,300 @@
+"""Async runtime: no token staler than eta, and a clean end however a run ends.
+
+The first tests drive `AsyncRuntime` with a fake producer (no model, milliseconds); the rest
+run the real training loop on the tiny model with the HF engine, which the async runtime gives
+its own copy of the weights.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+
+from a3po.async_runtime import AsyncRuntime, HFCopyEngine, StalenessManager
+from a3po.rollout import GenerationCancelled
+from a3po.trainer import RolloutBatch, Sample
+
+from conftest import REPO
+
+
+def _rollout_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "a3po-rollout" and t.is_alive()]
+
+
+class FakeEngine:
+    """Stamps tokens with the version it holds when it generates them, like a real engine."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.cancelled = threading.Event()
+
+    def update_weights(self, policy, version: int) -> None:
+        self.version = version
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+class FakeProducer:
+    def __init__(self, engine: FakeEngine, n_prompts: int = 2, seconds: float = 0.0, fail_at: int | None = None,
+                 block_at: int | None = None) -> None:
+        self.engine, self.n_prompts, self.seconds, self.fail_at, self.block_at = engine, n_prompts, seconds, fail_at, block_at
+        self.started: list[tuple[int, int]] = []  # (step, version) at the start of each batch
+
+    def __call__(self, step: int) -> RolloutBatch:
+        self.started.append((step, self.engine.version))
+        if step == self.fail_at:
+            raise ValueError(f"reward function crashed at step {step}")
+        if step == self.block_at:
+            while not self.engine.cancelled.wait(0.01):
+                pass
+            raise GenerationCancelled("cancelled")
+        time.sleep(self.seconds)
+        samples = [Sample(prompt_ids=torch.tensor([1, 2]), response_ids=torch.tensor([3, 4, 5]),
+                          behave_logp=torch.zeros(3), versions=torch.full((3,), self.engine.version), group=g, reward=0.0)
+                   for g in range(self.n_prompts)]
+        return RolloutBatch(step=step, samples=samples, n_prompts=self.n_prompts, n_samples=1, stats={})
+
+
+def _train(runtime: AsyncRuntime, engine: FakeEngine, steps: int, train_seconds: float) -> list[RolloutBatch]:
+    batches = []
+    for step in range(steps):
+        batch = runtime.batch_for(step, version=step)
+        time.sleep(train_seconds)
+        engine.update_weights(None, step + 1)
+        batches.append(batch)
+    return batches
+
+
+def test_staleness_manager_is_areals_rule():
+    manager = StalenessManager(max_staleness=1, batch_size=4)
+    assert manager.capacity(version=0) == 8
+    manager.on_started(8)
+    assert not manager.can_start(1, version=0) and manager.can_start(4, version=1)
+    manager.on_accepted(4)
+    manager.on_rejected(4)
+    assert (manager.accepted, manager.running) == (4, 0)
+    assert manager.capacity(version=0) == 4 and manager.capacity(version=2) == 12
+    with pytest.raises(ValueError):
+        StalenessManager(max_staleness=-1, batch_size=4)
+
+
+@pytest.mark.parametrize("eta", [0, 1, 3])
+def test_fast_rollout_runs_exactly_eta_versions_ahead_and_no_further(eta):
+    engine = FakeEngine()
+    producer = FakeProducer(engine)
+    runtime = AsyncRuntime(producer, total_steps=8, max_staleness=eta, batch_size=2, engine=engine)
+    try:
+        batches = _train(runtime, engine, 8, train_seconds=0.02)
+    finally:
+        runtime.close()
+    staleness = [int((b.step - torch.cat([s.versions for s in b.samples])).max()) for b in batches]
+    assert max(staleness) <= eta
+    # Rollout is much faster than training, so it always fills the window eta allows.
+    assert staleness == [min(step, eta) for step in range(8)]
+    for step, version in producer.started:
+        assert version >= step - eta
+    for b in batches:
+        d = b.step - int(b.samples[0].versions[0])
+        assert b.stats[f"staleness/hist/{d}"] == 6.0
+        for key in ("time/wait_data", "time/wait_capacity", "time/rollout", "rollout/tokens_per_s"):
+            assert b.stats[key] >= 0
+    assert not _rollout_threads()
+
+
+def test_slow_rollout_makes_the_trainer_wait_and_overlaps_training():
+    engine = FakeEngine()
+    runtime = AsyncRuntime(FakeProducer(engine, seconds=0.1), total_steps=6, max_staleness=1, batch_size=2, engine=engine)
+    started = time.perf_counter()
+    try:
+        batches = _train(runtime, engine, 6, train_seconds=0.1)
+    finally:
+        runtime.close()
+    elapsed = time.perf_counter() - started
+    assert sum(b.stats["time/wait_data"] for b in batches[1:]) < 0.5 * 5 * 0.1 + 0.1
+    assert elapsed < 6 * 0.2 - 0.2, "rollout and training did not overlap"
+
+
+def test_a_rollout_error_reaches_the_trainer_instead_of_a_hang():
+    engine = FakeEngine()
+    runtime = AsyncRuntime(FakeProducer(engine, fail_at=2), total_steps=6, max_staleness=2, batch_size=2, engine=engine)
+    try:
+        with pytest.raises(RuntimeError, match="rollout failed") as err:
+            _train(runtime, engine, 6, train_seconds=0.0)
+        assert isinstance(err.value.__cause__, ValueError)
+    finally:
+        runtime.close()
+    assert not _rollout_threads()
+
+
+def test_close_cancels_a_generation_in_flight():
+    engine = FakeEngine()
+    runtime = AsyncRuntime(FakeProducer(engine, block_at=1), total_steps=6, max_staleness=2, batch_size=2, engine=engine)
+    runtime.batch_for(0, version=0)
+    deadline = time.time() + 10
+    while len(runtime.produce.started) < 2 and time.time() < deadline:
+        time.sleep(0.01)
+    started = time.perf_counter()
+    runtime.close()
+    assert engine.cancelled.is_set() and time.perf_counter() - started < 5
+    assert not _rollout_threads()
+    with pytest.raises(RuntimeError, match="after close"):
+        runtime.batch_for(1, version=1)
+
+
+def test_state_dict_resumes_with_the_finished_batches():
+    engine = FakeEngine()
+    runtime = AsyncRuntime(FakeProducer(engine), total_steps=6, max_staleness=2, batch_size=2, engine=engine)
+    runtime.batch_for(0, version=0)
+    deadline = time.time() + 10
+    while runtime.next_to_generate < 3 and time.time() < deadline:
+        time.sleep(0.01)
+    state = runtime.state_dict()
+    runtime.close()
+    assert [b.step for b in state["queue"]] == [1, 2] and state["next_to_generate"] == 3
+
+    resumed = AsyncRuntime(FakeProducer(engine), total_steps=6, max_staleness=2, batch_size=2, engine=engine)
+    resumed.load_state_dict(state)
+    assert resumed.manager.accepted == 6
+    try:
+        assert [resumed.batch_for(step, version=step).step for step in range(1, 6)] == [1, 2, 3, 4, 5]
+    finally:
+        resumed.close()
+
+
+def test_hf_copy_engine_stages_an_update_that_arrives_mid_generation():
+    from omegaconf import OmegaConf
+
+    from a3po.models import load_policy
+    from a3po.rollout.hf import HFEngine
+
+    from conftest import CONF_DIR
+
+    policy, tokenizer = load_policy(OmegaConf.load(CONF_DIR / "model" / "tiny.yaml"), seed=0)
+    engine = HFCopyEngine.from_engine(HFEngine(policy, tokenizer, max_new_tokens=6))
+    assert all(p.data_ptr() != q.data_ptr() for p, q in zip(policy.parameters(), engine.policy.parameters()))
+    pushed = {}
+
+    def push_once(module, args):
+        if not pushed:
+            with torch.no_grad():
+                for param in policy.parameters():
+                    param.add_(1.0)
+            pushed["at"] = engine.version
+            engine.update_weights(policy, 1)  # from inside generation: must not change the weights now
+
+    handle = engine.policy.register_forward_pre_hook(push_once)
+    generations = engine.generate([[1, 2, 3]], 2, seed=0)
+    handle.remove()
+    assert all(torch.all(g.versions == 0) for g in generations[0])
+    assert not torch.equal(next(policy.parameters()), next(engine.policy.parameters()))
+    after = engine.generate([[1, 2, 3]], 2, seed=0)
+    assert all(torch.all(g.versions == 1) for g in after[0])
+    assert torch.equal(next(policy.parameters()), next(engine.policy.parameters()))
+    engine.cancel()
+    with pytest.raises(GenerationCancelled):
+        engine.generate([[1, 2, 3]], 1, seed=0)
+    engine.close()
+
+
+# ---------------------------------------------------------------------- the real loop
+ASYNC = ["runtime=async", "train.total_steps=5", "train.eval_every=2"]
+
+
+@pytest.mark.parametrize("eta", [0, 2])
+def test_async_run_never_exceeds_eta_and_leaves_no_thread(tiny_cfg, eta):
+    from a3po.logging import read_metrics
+    from a3po.train import run, run_dir_of
+
+    cfg = tiny_cfg(*ASYNC, f"staleness={eta}")
+    assert cfg.runtime.max_staleness == eta
+    run(cfg)
+    records = read_metrics(run_dir_of(cfg) / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
+    for record in records:
+        assert 0 <= record["staleness/min"] <= record["staleness/max"] <= eta
+        hist = {int(k.rsplit("/", 1)[1]): v for k, v in record.items() if k.startswith("staleness/hist/")}
+        assert hist and max(hist) <= eta and sum(hist.values()) == record["actor/valid_tokens"]
+        for key in ("time/wait_data", "time/wait_capacity", "rollout/tokens_per_s"):
+            assert key in record
+        assert record["time/rollout"] > 0  # the batch's generation time, charged to the step that trains on it
+    assert not _rollout_threads()
+
+
+def test_async_run_resumes_from_its_checkpoint(tiny_cfg):
+    from a3po.logging import read_metrics
+    from a3po.train import run, run_dir_of
+
+    cfg = tiny_cfg(*ASYNC, "train.max_steps_this_run=2", "train.checkpoint_every=1")
+    run(cfg)
+    run(tiny_cfg(*ASYNC, "train.checkpoint_every=1"))
+    assert [r["step"] for r in read_metrics(run_dir_of(cfg) / "metrics.jsonl")] == [0, 1, 2, 3, 4]
+    assert not _rollout_threads()
+
+
+def test_an_exception_in_the_trainer_stops_rollout(tiny_cfg, monkeypatch):
+    from a3po.train import run
+    from a3po.trainer import Trainer
+
+    real_step = Trainer.step
+    calls = {"n": 0}
+
+    def failing_step(self, batch, version, generator):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise FloatingPointError("loss is nan")
+        return real_step(self, batch, version, generator)
+
+    monkeypatch.setattr(Trainer, "step", failing_step)
+    started = time.perf_counter()
+    with pytest.raises(FloatingPointError):
+        run(tiny_cfg(*ASYNC, "staleness=3"))
+    assert time.perf_counter() - started < 120
+    assert not _rollout_threads()
+
+
+def test_sigterm_checkpoints_and_exits_cleanly(tiny_cfg, tmp_path):
+    from omegaconf import OmegaConf
+
+    from a3po.checkpoint import load_checkpoint
+    from a3po.logging import read_metrics
+    from a3po.train import run_dir_of
+
+    cfg = tiny_cfg("runtime=async", "train.total_steps=400", "train.eval_every=0", "train.checkpoint_every=0",
+                   "staleness=2")
+    config_path = tmp_path / "config.yaml"
+    OmegaConf.save(cfg, config_path, resolve=True)
+    script = textwrap.dedent(f"""
+        from omegaconf import OmegaConf
+        from a3po.train import run
+        run(OmegaConf.load({str(config_path)!r}))
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    metrics = run_dir_of(cfg) / "metrics.jsonl"
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and proc.poll() is None:
+            if metrics.exists() and len(read_metrics(metrics)) >= 2:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, output.decode()[-3000:]
+    assert b"stopped at step" in output
+    checkpoint = load_checkpoint(run_dir_of(cfg))
+    assert 2 <= checkpoint["step"] < 400
+    assert len(read_metrics(metrics)) == checkpoint["step"]
