@@ -8,13 +8,15 @@ this file only moves tensors between them and the model.
 
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
 from a3po.errors import ConfigError
-from a3po.loss import grpo_advantages, ppo_actor_loss, token_logprobs_and_entropy
+from a3po.loss import grpo_advantages, ppo_actor_loss, token_logprobs, token_logprobs_and_entropy
 from a3po.proximal import approximate_prox_logp, approximation_errors, staleness_stats, validate_schedule
 from a3po.timer import PhaseTimer
 
@@ -76,6 +78,71 @@ def pack_micro_batches(lengths: Mapping[int, int], token_budget: int) -> list[li
     return micro_batches
 
 
+def all_finite(values: torch.Tensor) -> torch.Tensor:
+    """A 0-dim bool on the values' device, with no host sync, in one reduction pass.
+
+    A NaN or an infinity anywhere makes the sum non-finite, so this is `isfinite(values).all()`
+    (five elementwise passes in eager mode: abs, ne, eq, mul, all; tens of times slower on 1M
+    tokens here, docs/benchmarks.md) except where finite values sum past float32's 3.4e38, which log-probs of any
+    real policy never approach; a float64 sum would rule that out too but is 10x slower on CPU.
+    """
+    return torch.isfinite(values.sum())
+
+
+def make_optimizer(policy: torch.nn.Module, train_cfg) -> torch.optim.Optimizer:
+    """AdamW, fused where torch has a fused kernel for the parameters' device and dtype.
+
+    The step is memory-bound: the fused kernel reads weights, gradients and both moments and
+    writes back weights and moments once per parameter; the default CPU implementation runs
+    about ten separate elementwise ops over them (3.7x slower for SmolLM2-135M here,
+    docs/benchmarks.md).
+    """
+    params = [p for p in policy.parameters() if p.requires_grad]
+    kwargs = dict(lr=train_cfg.lr, betas=tuple(train_cfg.adam_betas), eps=train_cfg.adam_eps,
+                  weight_decay=train_cfg.weight_decay)
+    try:
+        return torch.optim.AdamW(params, fused=True, **kwargs)
+    except (RuntimeError, ValueError):  # no fused kernel for this device or dtype
+        return torch.optim.AdamW(params, **kwargs)
+
+
+class _DeviceSpans:
+    """Seconds spent in short spans inside the micro-batch loop, without a host sync per span.
+
+    On a GPU a synchronizing timer around each micro-batch's approximation would stall the
+    launch queue twice per micro-batch; CUDA events are recorded instead and read after the
+    step's one sync. On CPU, work is synchronous and the wall clock is exact.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.on_cuda = device.type == "cuda"
+        self.events: list[tuple[Any, Any]] = []
+        self.cpu_seconds = 0.0
+
+    @contextlib.contextmanager
+    def span(self) -> Iterator[None]:
+        if self.on_cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            try:
+                yield
+            finally:
+                end.record()
+                self.events.append((start, end))
+        else:
+            started = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.cpu_seconds += time.perf_counter() - started
+
+    def seconds(self) -> float:
+        """Total; on a GPU call it after the step's sync (the last event is waited for anyway)."""
+        if self.events:
+            self.events[-1][1].synchronize()
+        return self.cpu_seconds + sum(start.elapsed_time(end) for start, end in self.events) / 1000.0
+
+
 class Trainer:
     def __init__(self, policy: torch.nn.Module, *, algo_cfg, schedule_cfg: Mapping[str, Any], train_cfg,
                  temperature: float, pad_id: int, device: torch.device, timer: PhaseTimer) -> None:
@@ -90,42 +157,80 @@ class Trainer:
         self.pad_id = pad_id
         self.device = device
         self.timer = timer
-        self.optimizer = torch.optim.AdamW(
-            [p for p in policy.parameters() if p.requires_grad],
-            lr=train_cfg.lr, betas=tuple(train_cfg.adam_betas), eps=train_cfg.adam_eps,
-            weight_decay=train_cfg.weight_decay,
-        )
+        self.optimizer = make_optimizer(policy, train_cfg)
+        # On a GPU a float32 model runs its forward and backward under bf16 autocast (float32
+        # master weights, optimizer and log-softmax; bf16 matmuls): the standard mixed precision,
+        # several times the float32 throughput. A model loaded in bf16 is already bf16; on CPU
+        # nothing changes, so CPU runs keep their exact float32 log-probs.
+        first_param = next(policy.parameters(), None)
+        self.autocast_dtype = (torch.bfloat16 if device.type == "cuda" and first_param is not None
+                               and first_param.dtype == torch.float32 else None)
         # The lm_head is applied only at response positions: most positions of a sequence are
         # prompt, and a [tokens, vocab] logits tensor is the largest thing in the step.
         self._decoder = policy.get_decoder() if hasattr(policy, "get_decoder") else None
         self._lm_head = policy.get_output_embeddings()
 
     # ------------------------------------------------------------------ forward
-    def response_logp(self, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Host-built tensors go to a GPU from pinned memory without blocking: a pageable copy
+        waits for the queue to drain, which would be a hidden sync per micro-batch."""
+        if self.device.type == "cuda":
+            return tensor.pin_memory().to(self.device, non_blocking=True)
+        return tensor.to(self.device)
+
+    def response_logp(self, samples: list[Sample], with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (with grad if enabled) and entropy of every response token, concatenated
-        sample by sample in order; one padded forward of the micro-batch."""
+        sample by sample in order; one padded forward of the micro-batch. The entropy (None
+        when not asked for) is a logged metric: the recompute forward does not need it."""
         width = max(s.length for s in samples)
         input_ids = torch.full((len(samples), width), self.pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(samples), width), dtype=torch.long)
-        predicts_response = torch.zeros((len(samples), width), dtype=torch.bool)
+        positions = []
         for row, s in enumerate(samples):
             n_prompt, n_resp = s.prompt_ids.numel(), s.response_ids.numel()
             input_ids[row, :n_prompt] = s.prompt_ids
             input_ids[row, n_prompt:n_prompt + n_resp] = s.response_ids
             attention_mask[row, :n_prompt + n_resp] = 1
             # the logits at position i predict token i + 1
-            predicts_response[row, n_prompt - 1:n_prompt + n_resp - 1] = True
-        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
-        predicts_response = predicts_response.to(self.device)
-        targets = torch.cat([s.response_ids for s in samples]).to(self.device)
-        if self._decoder is not None:
-            hidden = self._decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-            logits = self._lm_head(hidden[predicts_response])
-        else:
-            logits = self.policy(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[predicts_response]
+            start = row * width + n_prompt - 1
+            positions.append(torch.arange(start, start + n_resp))
+        # Flat indices of the positions that predict response tokens, built on the host: a
+        # boolean-mask index on a GPU would sync to learn how many rows it selects.
+        predicts_response = self._to_device(torch.cat(positions))
+        input_ids, attention_mask = self._to_device(input_ids), self._to_device(attention_mask)
+        targets = self._to_device(torch.cat([s.response_ids for s in samples]))
+        autocast = (torch.autocast("cuda", dtype=self.autocast_dtype) if self.autocast_dtype is not None
+                    else contextlib.nullcontext())
+        with autocast:
+            if self._decoder is not None:
+                hidden = self._decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+                logits = self._lm_head(hidden.flatten(0, 1).index_select(0, predicts_response))
+            else:
+                logits = self.policy(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+                logits = logits.flatten(0, 1).index_select(0, predicts_response)
         if self.temperature != 1.0:
             logits = logits / self.temperature
+        if not with_entropy:
+            return token_logprobs(logits, targets), None
         return token_logprobs_and_entropy(logits, targets)
+
+    @torch.no_grad()
+    def recompute_prox_logp(self, samples: list[Sample], plans: list[list[list[int]]]) -> dict[int, torch.Tensor]:
+        """`recompute`: the no-grad forward of the weights as they are at the START of the step,
+        frozen for every minibatch; the cost A-3PO removes. Public so the benchmark times
+        exactly this code path. Returns sample index -> its response tokens' log-probs."""
+        prox_by_sample: dict[int, torch.Tensor] = {}
+        for plan in plans:
+            for micro in plan:
+                logp, _ = self.response_logp([samples[i] for i in micro], with_entropy=False)
+                for i, piece in zip(micro, logp.split([samples[i].response_ids.numel() for i in micro])):
+                    prox_by_sample[i] = piece
+        return prox_by_sample
+
+    def plan(self, samples: list[Sample], generator: torch.Generator) -> list[list[list[int]]]:
+        """Minibatches of sample indices, each cut into token-budget micro-batches."""
+        minibatches = split_minibatches(len(samples), self.cfg.n_minibatches, generator)
+        return [pack_micro_batches({i: samples[i].length for i in mb}, self.cfg.token_budget) for mb in minibatches]
 
     # ------------------------------------------------------------------ step
     def advantages(self, batch: RolloutBatch) -> torch.Tensor:
@@ -144,24 +249,19 @@ class Trainer:
         """Train on one batch at trainer version `version`; returns the step's scalar metrics."""
         samples = batch.samples
         advantages = self.advantages(batch)
-        minibatches = split_minibatches(len(samples), self.cfg.n_minibatches, generator)
-        plans = [pack_micro_batches({i: samples[i].length for i in mb}, self.cfg.token_budget) for mb in minibatches]
+        plans = self.plan(samples, generator)
 
         prox_by_sample: dict[int, torch.Tensor] = {}
         if self.prox_method == "recompute":
-            # The weights as they are at the START of the step, frozen for every minibatch.
-            with self.timer.phase("prox_logp"), torch.no_grad():
-                for plan in plans:
-                    for micro in plan:
-                        logp, _ = self.response_logp([samples[i] for i in micro])
-                        for i, piece in zip(micro, logp.split([samples[i].response_ids.numel() for i in micro])):
-                            prox_by_sample[i] = piece
+            with self.timer.phase("prox_logp"):
+                prox_by_sample = self.recompute_prox_logp(samples, plans)
 
         all_versions = torch.cat([s.versions for s in samples])
         scalars: dict[str, list[torch.Tensor]] = {}
-        counts: list[torch.Tensor] = []
+        counts: list[float] = []
         grad_norms: list[torch.Tensor] = []
         losses: list[torch.Tensor] = []
+        approximation_time = _DeviceSpans(self.device)
 
         def keep(name: str, value: torch.Tensor) -> None:
             scalars.setdefault(name, []).append(value.detach().float().reshape(()))
@@ -172,15 +272,20 @@ class Trainer:
                 n_tokens = sum(samples[i].response_ids.numel() for micro in plan for i in micro)
                 self.optimizer.zero_grad(set_to_none=True)
                 minibatch_loss = torch.zeros((), device=self.device)
+                prox_finite: list[torch.Tensor] = []
                 for micro in plan:
                     micro_samples = [samples[i] for i in micro]
                     sizes = [s.response_ids.numel() for s in micro_samples]
                     logp, entropy = self.response_logp(micro_samples)
-                    behave = torch.cat([s.behave_logp for s in micro_samples]).to(self.device)
-                    versions = torch.cat([s.versions for s in micro_samples]).to(self.device)
-                    token_adv = torch.cat([advantages[i].expand(n) for i, n in zip(micro, sizes)]).to(self.device)
+                    behave = self._to_device(torch.cat([s.behave_logp for s in micro_samples]))
+                    versions = self._to_device(torch.cat([s.versions for s in micro_samples]))
+                    token_adv = self._to_device(torch.cat([advantages[i].expand(n) for i, n in zip(micro, sizes)]))
                     mask = torch.ones_like(behave, dtype=torch.bool)
-                    prox = self._prox_logp(micro, sizes, prox_by_sample, behave, logp, versions, version)
+                    if self.prox_method == "recompute":
+                        prox = torch.cat([prox_by_sample[i] for i in micro])
+                    else:
+                        with approximation_time.span():
+                            prox = self.approximate_prox(behave, logp, versions, version, prox_finite)
                     loss, stats = ppo_actor_loss(
                         logp, prox, behave, token_adv, mask, eps_clip=self.cfg.eps_clip,
                         eps_clip_higher=self.cfg.eps_clip_higher, behave_weight_cap=self.cfg.behave_weight_cap,
@@ -188,7 +293,7 @@ class Trainer:
                     weight = logp.numel() / n_tokens  # token mean over the whole minibatch
                     (loss * weight).backward()
                     minibatch_loss = minibatch_loss + loss.detach() * weight
-                    counts.append(torch.tensor(float(logp.numel()), device=self.device))
+                    counts.append(float(logp.numel()))
                     for name in ("importance_weight/max", "importance_weight/min", "importance_weight/mean",
                                  "behave_weight/max", "behave_weight/min", "behave_weight/mean",
                                  "behave_weight/capped_tokens", "clipped_tokens", "approx_kl/mean"):
@@ -199,25 +304,47 @@ class Trainer:
                         for name, value in errors.items():
                             keep(name, value)
                 grad_norms.append(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.grad_clip))
+                if prox_finite:
+                    # One host sync per minibatch, before the update: a NaN anchor raises
+                    # before it can reach the weights.
+                    self.check_prox_finite(prox_finite)
                 self.optimizer.step()
                 losses.append(minibatch_loss)
         self.optimizer.zero_grad(set_to_none=True)
-        return self._reduce(scalars, counts, grad_norms, losses, all_versions, version, batch)
-
-    def _prox_logp(self, micro: list[int], sizes: list[int], prox_by_sample: dict[int, torch.Tensor],
-                   behave: torch.Tensor, logp: torch.Tensor, versions: torch.Tensor, version: int) -> torch.Tensor:
-        if self.prox_method == "recompute":
-            return torch.cat([prox_by_sample[i] for i in micro])
-        with self.timer.phase("prox_logp"):
-            if self.prox_method == "behave":
-                return behave
-            return approximate_prox_logp(behave, logp.detach(), versions, version, method=self.prox_method,
-                                         schedule=self.schedule, **self.schedule_params)
+        metrics = self._reduce(scalars, torch.tensor(counts, device=self.device), grad_norms, losses,
+                               all_versions, version, batch)
+        if self.prox_method != "recompute":
+            self.timer.add("prox_logp", approximation_time.seconds())
+        return metrics
 
     @staticmethod
-    def _reduce(scalars, counts, grad_norms, losses, all_versions, version, batch) -> dict[str, float]:
+    def check_prox_finite(finite_flags: list[torch.Tensor]) -> None:
+        """Raise if any flag from `approximate_prox` is false: the one host sync of the check."""
+        if finite_flags and not bool(torch.stack(finite_flags).all()):
+            raise ValueError(
+                "approximate_prox_logp result has non-finite value(s) (NaN or Inf); all values must be finite. "
+                "Check behave_logp/target_logp for -inf (a token the policy gives probability 0)."
+            )
+
+    def approximate_prox(self, behave: torch.Tensor, logp: torch.Tensor, versions: torch.Tensor,
+                         version: int, finite_flags: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """One micro-batch's proximal log-probs without a forward pass (coupled: the behaviour
+        policy itself). Public so the benchmark times exactly the trainer's code path.
+
+        The finite check stays on the device: a 0-dim flag is appended to `finite_flags` and
+        `step` reads them once per minibatch, instead of one host sync per micro-batch here.
+        """
+        if self.prox_method == "behave":
+            return behave
+        prox = approximate_prox_logp(behave, logp.detach(), versions, version, method=self.prox_method,
+                                     schedule=self.schedule, check_finite=finite_flags is None, **self.schedule_params)
+        if finite_flags is not None:
+            finite_flags.append(all_finite(prox))
+        return prox
+
+    @staticmethod
+    def _reduce(scalars, weights, grad_norms, losses, all_versions, version, batch) -> dict[str, float]:
         """Combine per-micro-batch reductions into per-step metrics with one host transfer."""
-        weights = torch.stack(counts)
         total = weights.sum()
         stacked = {name: torch.stack(values) for name, values in scalars.items()}
         out: dict[str, torch.Tensor] = {

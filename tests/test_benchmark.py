@@ -1,0 +1,180 @@
+"""The benchmark on the tiny model: a well-formed report, never a timing assertion."""
+
+from __future__ import annotations
+
+import json
+import math
+import runpy
+import sys
+
+import pytest
+import torch
+
+from a3po.benchmark import (
+    DEFAULT_ALGOS,
+    TrafficCounter,
+    TrainingState,
+    algo_label,
+    main,
+    padding_stats,
+    parse_algo,
+    summarize,
+)
+from a3po.trainer import Sample
+
+from conftest import REPO
+
+TINY_ARGS = [
+    "model=tiny", "train.n_prompts=2", "train.n_samples=2", "train.n_minibatches=2", "train.token_budget=128",
+    "staleness=2", "device=cpu",
+    "--prompt-len", "12", "--response-len", "6", "--reps", "2", "--warmup", "1", "--threads", "1",
+    "--approx-schedules", "inverse,exponential", "--kernel-tokens", "512", "--bandwidth-mib", "4",
+    "--min-kernel-seconds", "0.001", "--no-progress", "--label", "test",
+    "--compare-trainer", str(REPO / "a3po" / "trainer.py"),
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    docs = out / "docs" / "benchmarks.md"
+    threads = torch.get_num_threads()
+    try:
+        report = main([*TINY_ARGS, "--out", str(out / "run"), "--docs", str(docs)])
+    finally:
+        torch.set_num_threads(threads)
+    return report, out, docs
+
+
+def test_report_is_well_formed(tiny_report):
+    report, out, _ = tiny_report
+    on_disk = json.loads((out / "run" / "benchmark.json").read_text())
+    assert on_disk.keys() == report.keys()
+    for key in ("command", "machine", "model", "options", "batch", "results", "derived", "elapsed_s"):
+        assert key in on_disk
+    for key in ("cpu", "cpu_count", "torch", "device", "torch_threads"):
+        assert key in on_disk["machine"]
+    assert on_disk["machine"]["torch_threads"] == 1
+    results = on_disk["results"]
+    expected = {"rollout", "prox/recompute", "kernel/copy",
+                *(f"step/{algo}" for algo in DEFAULT_ALGOS),
+                *(f"prox/{m}-{s}" for m in ("loglinear", "linear") for s in ("inverse", "exponential"))}
+    assert expected <= results.keys()
+    for name, entry in results.items():
+        seconds = entry["seconds"]
+        assert seconds["n"] == 2, name
+        for stat in ("median", "q25", "q75", "iqr", "min", "max"):
+            assert math.isfinite(seconds[stat]) and seconds[stat] >= 0, (name, stat)
+        assert seconds["median"] > 0 and seconds["min"] <= seconds["median"] <= seconds["max"], name
+    for algo in DEFAULT_ALGOS:
+        assert results[f"step/{algo}"]["prox_logp"]["median"] >= 0
+        assert f"step/{algo}@baseline" in results
+    derived = on_disk["derived"]
+    for key in ("prox_ratio_recompute_over_loglinear", "step_ratio_recompute_over_loglinear",
+                "step_ratio_ceiling", "memory_bandwidth_GBps", "bandwidth_floor", "throughput",
+                "speedup_over_baseline", "entropy_extra_s", "adamw_fused_speedup"):
+        assert key in derived and derived[key], key
+    assert all(math.isfinite(v) and v > 0 for v in (derived["prox_ratio_recompute_over_loglinear"],
+                                                    derived["step_ratio_ceiling"]))
+    floor = derived["bandwidth_floor"]["loglinear@512"]
+    assert floor["bytes_minimal"] == 512 * (4 + 4 + 8 + 4) and floor["bytes_eager"] > floor["bytes_minimal"]
+    assert 0.0 <= on_disk["batch"]["padding_waste"] < 1.0
+
+
+def test_every_step_repetition_starts_from_the_same_weights(tiny_report):
+    report, _, _ = tiny_report
+    for name in (f"step/{algo}{suffix}" for algo in DEFAULT_ALGOS for suffix in ("", "@baseline")):
+        losses = [sample["loss"] for sample in report["results"][name]["raw"]]
+        assert len(set(losses)) == 1, (name, losses)
+
+
+def test_markdown_has_a_row_per_algo_and_docs_get_header_and_command(tiny_report):
+    _, out, docs = tiny_report
+    markdown = (out / "run" / "benchmark.md").read_text()
+    for algo in DEFAULT_ALGOS:
+        assert f"| step/{algo} |" in markdown
+    assert "| prox/recompute |" in markdown and "| prox/loglinear-inverse |" in markdown
+    text = docs.read_text()
+    assert text.startswith("# Benchmarks")
+    assert "model=tiny" in text and "Machine:" in text and "test" in text
+
+
+def test_parse_algo_and_summary():
+    assert parse_algo("loglinear") == ("loglinear", "inverse")
+    assert parse_algo("linear:exponential") == ("linear", "exponential")
+    assert algo_label("linear:exponential") == "linear-exponential" and algo_label("coupled") == "coupled"
+    stats = summarize([3.0, 1.0, 2.0, 4.0])
+    assert stats["median"] == 2.5 and stats["min"] == 1.0 and stats["max"] == 4.0 and stats["iqr"] > 0
+    assert summarize([5.0])["iqr"] == 0.0
+
+
+def test_padding_stats_counts_count_times_longest():
+    def sample(n_prompt, n_resp):
+        return Sample(torch.zeros(n_prompt, dtype=torch.long), torch.zeros(n_resp, dtype=torch.long),
+                      torch.zeros(n_resp), torch.zeros(n_resp, dtype=torch.long), 0, 0.0)
+
+    samples = [sample(2, 8), sample(2, 4), sample(2, 2)]
+    stats = padding_stats(samples, [[[0, 1], [2]]])
+    assert stats["real_tokens"] == 10 + 6 + 4 and stats["padded_tokens"] == 2 * 10 + 4
+    assert stats["padding_waste"] == pytest.approx(1 - 20 / 24)
+
+
+def test_training_state_restores_weights_and_optimizer_in_place():
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    state = TrainingState(model, optimizer)
+    weight, moment = model.weight.detach().clone(), optimizer.state[model.weight]["exp_avg"].clone()
+    live_moment = optimizer.state[model.weight]["exp_avg"]
+    for _ in range(2):
+        model(torch.ones(1, 3)).sum().backward()
+        optimizer.step()
+    state.restore()
+    assert torch.equal(model.weight, weight)
+    assert optimizer.state[model.weight]["exp_avg"] is live_moment and torch.equal(live_moment, moment)
+    assert model.weight.grad is None
+
+
+def test_entry_point_is_thin_and_documents_overrides(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["experiments/benchmark.py", "--help"])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(REPO / "experiments" / "benchmark.py"), run_name="__main__")
+    assert exit_info.value.code == 0
+    assert "Hydra overrides" in capsys.readouterr().out
+
+
+def test_trainer_approximation_runs_no_forward_and_its_deferred_check_still_raises():
+    """The approximation path allocates nothing vocabulary-sized and calls no module; the trainer
+    reads its finite flags once per minibatch (not one host sync per micro-batch), and a NaN
+    behaviour log-prob must still raise in the step, before the weights change."""
+    from a3po.benchmark import compose, load_group, synthetic_batch
+    from a3po.models import load_policy
+    from a3po.timer import PhaseTimer
+    from a3po.trainer import Trainer
+    from omegaconf import OmegaConf
+
+    cfg = compose(["model=tiny", "train.n_prompts=2", "train.n_samples=2", "train.n_minibatches=1",
+                   "train.token_budget=32"])
+    policy, tokenizer = load_policy(cfg.model, seed=0)
+    trainer = Trainer(policy, algo_cfg=OmegaConf.create(load_group("algo", "loglinear")),
+                      schedule_cfg={"name": "inverse"}, train_cfg=cfg.train, temperature=1.0,
+                      pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer())
+    batch = synthetic_batch(trainer, vocab_size=policy.config.vocab_size, n_prompts=2, n_samples=2, prompt_len=8,
+                            response_len=6, length_spread=0.5, staleness=2, version=3, token_budget=32, seed=0)
+    assert len(trainer.plan(batch.samples, torch.Generator().manual_seed(0))[0]) > 1  # several micro-batches
+    # The approximation path runs no forward and writes nothing larger than the token count.
+    forwards = []
+    policy.register_forward_pre_hook(lambda *args: forwards.append(1))
+    tokens = sum(s.response_ids.numel() for s in batch.samples)
+    behave = torch.cat([s.behave_logp for s in batch.samples])
+    versions = torch.cat([s.versions for s in batch.samples])
+    with TrafficCounter() as traffic:
+        trainer.approximate_prox(behave, behave - 0.1, versions, 3, [])
+    assert not forwards and 0 < traffic.largest <= tokens
+
+    batch.samples[-1].behave_logp[0] = float("nan")
+    before = [p.detach().clone() for p in policy.parameters()]
+    with pytest.raises(ValueError, match="non-finite"):
+        trainer.step(batch, version=3, generator=torch.Generator().manual_seed(0))
+    assert all(torch.equal(p, q) for p, q in zip(policy.parameters(), before))
