@@ -34,6 +34,7 @@ import pandas as pd
 # backend or display needed, and a notebook's inline backend is left alone.
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
 
 from analysis.load import NoRunsError, add_labels, label, label_sort_key, load_runs, load_wandb
 from analysis.summary import run_scalars, write_summary
@@ -176,6 +177,7 @@ def _step_figure(df: pd.DataFrame, out_dir: Path, stem: str, title: str,
             if log_y:
                 ax.set_yscale("log", nonpositive="mask")
             ax.grid(True, alpha=0.3, which="major")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
             if row == 0:
                 ax.set_title(f"staleness d = {staleness}")
             if row == len(panels) - 1:
