@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from a3po.rollout.base import GenerationCancelled
+from a3po.rollout.base import GenerationCancelled, StagedWeightUpdates
 from a3po.rollout.hf import HFEngine
 from a3po.timer import PhaseTimer
 from a3po.trainer import RolloutBatch
@@ -68,7 +68,7 @@ class StalenessManager:
         self.running -= n_rollouts
 
 
-class HFCopyEngine(HFEngine):
+class HFCopyEngine(StagedWeightUpdates, HFEngine):
     """An HF engine over a private copy of the policy, for generation concurrent with training.
 
     `HFEngine` samples from the trainer's own module, which the optimizer changes in place
@@ -81,9 +81,7 @@ class HFCopyEngine(HFEngine):
     def __init__(self, policy: torch.nn.Module, tokenizer, **kwargs) -> None:
         private = copy.deepcopy(policy).requires_grad_(False)
         super().__init__(private, tokenizer, **kwargs)
-        self._generate_lock = threading.Lock()
-        self._pending_lock = threading.Lock()
-        self._pending: tuple[dict[str, torch.Tensor], int] | None = None
+        self._init_staging()
         self._cancelled = threading.Event()
         # generate() calls forward once per new token: the earliest point a cancel can act
         private.register_forward_pre_hook(self._raise_if_cancelled)
@@ -98,32 +96,15 @@ class HFCopyEngine(HFEngine):
             raise GenerationCancelled("generation cancelled: the runtime is shutting down")
 
     @torch.no_grad()
-    def _load(self, state: dict[str, torch.Tensor]) -> None:
+    def _load(self, state: dict[str, torch.Tensor], version: int) -> None:
         for name, tensor in self.policy.state_dict().items():
             tensor.copy_(state[name])
+        self.version = version
 
     def update_weights(self, policy: torch.nn.Module, version: int) -> None:
         if policy is self.policy:
             raise ValueError("HFCopyEngine.update_weights got its own private copy; pass the trainer's policy")
-        if self._generate_lock.acquire(blocking=False):
-            try:
-                with self._pending_lock:
-                    self._pending = None
-                self._load(policy.state_dict())
-                self.version = version
-            finally:
-                self._generate_lock.release()
-            return
-        staged = {name: tensor.detach().clone() for name, tensor in policy.state_dict().items()}
-        with self._pending_lock:
-            self._pending = (staged, version)
-
-    def _apply_pending(self) -> None:
-        with self._pending_lock:
-            pending, self._pending = self._pending, None
-        if pending is not None:
-            self._load(pending[0])
-            self.version = pending[1]
+        StagedWeightUpdates.update_weights(self, policy, version)
 
     def generate(self, prompt_ids, n_samples: int, *, seed: int):
         with self._generate_lock:

@@ -9,6 +9,7 @@ middle of a sequence; A-3PO's approximation is per token for exactly that reason
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
@@ -64,3 +65,39 @@ class RolloutEngine(Protocol):
 
     def close(self) -> None:
         ...
+
+
+class StagedWeightUpdates:
+    """`update_weights` that never makes the trainer wait for a generation in flight.
+
+    With no generation running the new weights load at once. Otherwise one clone of the
+    state dict is staged and the generating thread loads it where a new version may take
+    effect (`_apply_pending`: before the next batch, or between decode steps for an
+    interruptible engine), so every token is sampled, and stamped, by exactly one version.
+    An engine calls `_init_staging()` in its constructor, defines `_load(state, version)`,
+    holds `_generate_lock` while it generates and calls `_apply_pending()` at those points.
+    """
+
+    def _init_staging(self) -> None:
+        self._generate_lock = threading.Lock()
+        self._pending_lock = threading.Lock()
+        self._pending: tuple[dict[str, torch.Tensor], int] | None = None
+
+    def update_weights(self, policy: torch.nn.Module, version: int) -> None:
+        if self._generate_lock.acquire(blocking=False):
+            try:
+                with self._pending_lock:
+                    self._pending = None
+                self._load(policy.state_dict(), version)
+            finally:
+                self._generate_lock.release()
+            return
+        staged = {name: tensor.detach().clone() for name, tensor in policy.state_dict().items()}
+        with self._pending_lock:
+            self._pending = (staged, version)
+
+    def _apply_pending(self) -> None:
+        with self._pending_lock:
+            pending, self._pending = self._pending, None
+        if pending is not None:
+            self._load(*pending)

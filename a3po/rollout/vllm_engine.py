@@ -38,7 +38,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from a3po.errors import ConfigError
-from a3po.rollout.base import Generation, GenerationCancelled
+from a3po.rollout.base import Generation, GenerationCancelled, StagedWeightUpdates
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def _float_or_none(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-class VLLMEngine:
+class VLLMEngine(StagedWeightUpdates):
     """A vLLM engine that samples from the trainer's current weights, stamped with versions.
 
     Thread-safety, for the async runtime: one `generate` runs at a time. `update_weights`
@@ -88,9 +88,7 @@ class VLLMEngine:
         self.version = 0
         self._model_dir = model_dir
         self._calls = 0
-        self._generate_lock = threading.Lock()
-        self._pending_lock = threading.Lock()
-        self._pending: tuple[dict[str, torch.Tensor], int] | None = None
+        self._init_staging()
         self._cancelled = threading.Event()
         self.last_update_seconds: float | None = None
         self.start_seconds: float | None = None
@@ -191,25 +189,6 @@ class VLLMEngine:
         engine.reset_prefix_cache(reset_running_requests=True)
         self.version = version
         self.last_update_seconds = time.perf_counter() - started
-
-    def update_weights(self, policy: torch.nn.Module, version: int) -> None:
-        if self._generate_lock.acquire(blocking=False):
-            try:
-                with self._pending_lock:
-                    self._pending = None
-                self._load(policy.state_dict(), version)
-            finally:
-                self._generate_lock.release()
-            return
-        staged = {name: tensor.detach().clone() for name, tensor in policy.state_dict().items()}
-        with self._pending_lock:
-            self._pending = (staged, version)
-
-    def _apply_pending(self) -> None:
-        with self._pending_lock:
-            pending, self._pending = self._pending, None
-        if pending is not None:
-            self._load(*pending)
 
     # ------------------------------------------------------------------ generation
     def _sampling_params(self, seed: int | None):
