@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-vllm setup-slurm demo figures test test-fast clean-demo
+.PHONY: setup setup-vllm demo figures test test-fast clean-demo
 
 setup: $(VENV)/.a3po-installed
 
