@@ -13,13 +13,14 @@ from omegaconf import DictConfig, OmegaConf
 from a3po.errors import ConfigError
 from a3po.proximal import SCHEDULES, validate_schedule
 
+# name -> how its proximal log-probs are obtained. Coupled PPO is the decoupled loss with
+# prox = behave (the behaviour weight is then exactly 1), so no separate loss flag is needed.
 ALGOS = {
-    # name: (how prox_logp is obtained, decoupled loss?)
-    "coupled": ("behave", False),
-    "recompute": ("recompute", True),
-    "loglinear": ("loglinear", True),
-    "linear": ("linear", True),
-    "metrics": ("recompute", True),
+    "coupled": "behave",
+    "recompute": "recompute",
+    "loglinear": "loglinear",
+    "linear": "linear",
+    "metrics": "recompute",
 }
 RUNTIMES = ("lagged", "async")
 LOGGER_MODES = ("offline", "online", "disabled")
@@ -76,8 +77,8 @@ def validate_config(cfg: DictConfig) -> None:
     """Every check that needs no model, tokenizer or data. Raises ConfigError."""
     algo = cfg.algo.name
     _require(algo in ALGOS, "algo.name", algo, f"allowed: {sorted(ALGOS)}")
-    _require(cfg.algo.prox == ALGOS[algo][0], "algo.prox", cfg.algo.prox,
-             f"algo {algo!r} computes its proximal log-probs by {ALGOS[algo][0]!r}")
+    _require(cfg.algo.prox == ALGOS[algo], "algo.prox", cfg.algo.prox,
+             f"algo {algo!r} computes its proximal log-probs by {ALGOS[algo]!r}")
     schedule = OmegaConf.to_container(cfg.schedule, resolve=True)
     try:
         validate_schedule(schedule.get("name"), schedule)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,8 +27,9 @@ from a3po.trainer import RolloutBatch, Sample, Trainer
 
 log = logging.getLogger(__name__)
 
-# Distinct seed streams: the batch for step s and the eval after step s never share a seed.
-_ROLLOUT_STREAM, _EVAL_STREAM = 1, 2
+# Distinct seed streams: the batch for step s, the eval after step s and step s's minibatch
+# shuffle never share a seed, and none depends on RNG state (so a resumed run repeats them).
+_ROLLOUT_STREAM, _EVAL_STREAM, _MINIBATCH_STREAM = 1, 2, 3
 
 
 def stream_seed(seed: int, stream: int, index: int) -> int:
@@ -169,14 +169,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     metrics: dict[str, Any] = {}
     step = start_step
     exit_code = 1
+    # Always shown, in a terminal and in a SLURM log alike: one line per step is the progress.
     progress = tqdm(total=total_steps, initial=start_step, desc=cfg.run_name, unit="step", dynamic_ncols=True,
-                    disable=None if sys.stderr.isatty() else False, mininterval=0)
+                    mininterval=0)
     try:
         with GracefulStop() as stop:
             while step < stop_after and not stop.requested:
                 step_start = time.perf_counter()
                 batch = runtime.batch_for(step, version=step)
-                generator = torch.Generator().manual_seed(stream_seed(cfg.seed, 3, step))
+                generator = torch.Generator().manual_seed(stream_seed(cfg.seed, _MINIBATCH_STREAM, step))
                 metrics = trainer.step(batch, version=step, generator=generator)
                 with timer.phase("weight_sync"):
                     engine.update_weights(policy, step + 1)
