@@ -1,6 +1,9 @@
 """Runs (local run directories or wandb) -> one tidy long DataFrame.
 
-Every figure and table in `analysis` is computed from this one frame, so a figure can be
+Each row is one (run, step, metric) with the run's identity beside it (`IDENTITY_COLUMNS`:
+run, experiment, label, variant, algo, schedule, correction, objective, runtime, staleness,
+max_staleness, seed; see `analysis.identity`), the step's wall time, the value and whether
+the run finished. Every figure and table in `analysis` is computed from this one frame, so a figure can be
 regenerated from any mix of sources and the CSV beside it is always traceable back to
 the rows here. The frame is long (one row per run, step and metric) rather than wide
 because metrics differ between algorithms (eval steps, metrics-mode `prox_error/...`
@@ -12,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -21,32 +23,31 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from analysis.identity import (  # noqa: F401  (re-exported: the loader's public names)
+    DEFAULT_SCHEDULE,
+    base_algo,
+    label,
+    label_sort_key,
+    run_identity,
+)
+
 log = logging.getLogger(__name__)
 
-TIDY_COLUMNS = [
+IDENTITY_COLUMNS = [
     "run",
     "experiment",
+    "label",
+    "variant",
     "algo",
     "schedule",
+    "correction",
+    "objective",
+    "runtime",
     "staleness",
+    "max_staleness",
     "seed",
-    "step",
-    "wall_time",
-    "metric",
-    "value",
-    "complete",
 ]
-
-# The paper's default schedule: a label without brackets means this one.
-DEFAULT_SCHEDULE = "inverse"
-
-# `<algo>[-<schedule>]-d<staleness>-s<seed>` (DESIGN.md section 4); only a fallback for
-# configs that lack a key, the config stays the source of truth.
-_RUN_NAME = re.compile(r"^(?P<algo>[^-]+)(?:-(?P<schedule>.+))?-d(?P<staleness>\d+)-s(?P<seed>\d+)$")
-
-# Algorithms whose proximal policy depends on the schedule, for configs that predate
-# `algo.uses_schedule`.
-_SCHEDULE_ALGOS = {"loglinear", "linear"}
+TIDY_COLUMNS = IDENTITY_COLUMNS + ["step", "wall_time", "metric", "value", "complete"]
 
 
 class NoRunsError(FileNotFoundError):
@@ -58,95 +59,33 @@ class RunSkippedWarning(UserWarning):
     """A run directory (or a line in it) could not be used; the message names it."""
 
 
-def label(algo: str, schedule: str | None) -> str:
-    """The display label that keys colours and legends.
-
-    The default schedule is left out so the paper's method reads as plain `loglinear`,
-    and every other schedule is spelt out so an ablation curve is never mistaken for it.
-    """
-    if not schedule or schedule == DEFAULT_SCHEDULE:
-        return str(algo)
-    return f"{algo}[{schedule}]"
-
-
-# Legend and table order: the baseline first, then the paper's method, then the rest.
-_LABEL_ORDER = ["recompute", "loglinear", "linear", "coupled", "metrics"]
-
-
-def label_sort_key(name: str) -> tuple[float, str]:
-    """Puts the known algorithms in a fixed order, each schedule ablation right after its
-    base algorithm and unknown labels last, so tables and legends line up across sweeps."""
-    base = name.split("[", 1)[0]
-    rank = _LABEL_ORDER.index(base) if base in _LABEL_ORDER else len(_LABEL_ORDER)
-    return (rank if name == base else rank + 0.5, name)
-
-
 def add_labels(df: pd.DataFrame) -> pd.DataFrame:
-    """The tidy frame plus a `label` column; figures and tables group by it."""
+    """The frame with a `label` column. Frames from `load_runs`/`load_wandb` already carry
+    one (from the run name, with every parameter); a frame built by hand with only `algo`
+    and `schedule` gets `<algo>[-<schedule>]`."""
+    if "label" in df.columns:
+        return df
     out = df.copy()
-    if out.empty:
-        out["label"] = pd.Series(dtype=object)
-        return out
-    pairs = out[["algo", "schedule"]].drop_duplicates()
-    mapping = {(a, s): label(a, s) for a, s in pairs.itertuples(index=False)}
-    out["label"] = [mapping[(a, s)] for a, s in zip(out["algo"], out["schedule"])]
+    out["label"] = [label(a, s) for a, s in zip(out["algo"], out["schedule"])] if len(out) else []
     return out
 
 
-def _lookup(config: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
-    """Read `a.b` from a nested config, or from a flattened one (`a.b` or `a/b` keys),
-    because wandb stores whatever shape the logger handed it."""
-    for flat_key in (dotted, dotted.replace(".", "/")):
-        if flat_key in config:
-            return _unwrap(config[flat_key])
-    node: Any = config
-    for part in dotted.split("."):
-        node = _unwrap(node)
-        if not isinstance(node, Mapping) or part not in node:
-            return default
-        node = node[part]
-    return _unwrap(node)
-
-
-def _unwrap(value: Any) -> Any:
-    """wandb's raw run config wraps each entry as {"value": ..., "desc": ...}."""
-    if isinstance(value, Mapping) and set(value) <= {"value", "desc"} and "value" in value:
-        return value["value"]
-    return value
-
-
-def _as_bool(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in {"true", "1", "yes"}
-    return bool(value)
-
-
-def run_identity(config: Mapping[str, Any], fallback_name: str, fallback_experiment: str = "") -> dict:
-    """Run name, experiment, algo, schedule, staleness, seed and total steps of one run.
-
-    The schedule is blanked ("") when the algorithm ignores it, so a recompute run made
-    with the default `schedule=inverse` does not look like a schedule ablation.
-    """
-    run = _lookup(config, "run_name") or fallback_name
-    parsed = _RUN_NAME.match(str(run))
-    parts = parsed.groupdict() if parsed else {}
-    algo = _lookup(config, "algo.name") or parts.get("algo") or ""
-    schedule = _lookup(config, "schedule.name") or parts.get("schedule") or ""
-    uses_schedule = _lookup(config, "algo.uses_schedule")
-    if uses_schedule is None:
-        uses_schedule = algo in _SCHEDULE_ALGOS
-    staleness = _lookup(config, "staleness", parts.get("staleness"))
-    seed = _lookup(config, "seed", parts.get("seed"))
-    total_steps = _lookup(config, "train.total_steps")
-    return {
-        "run": str(run),
-        "experiment": str(_lookup(config, "experiment_name") or fallback_experiment),
-        "algo": str(algo),
-        "schedule": str(schedule) if _as_bool(uses_schedule) else "",
-        "staleness": int(staleness) if staleness is not None else -1,
-        "seed": int(seed) if seed is not None else -1,
-        "total_steps": int(total_steps) if total_steps is not None else None,
-    }
+def disambiguate(df: pd.DataFrame) -> pd.DataFrame:
+    """Prefix `<experiment>/` to the label of runs whose label, staleness and seed also occur
+    in another experiment: two sweeps passed together may both hold `loglinear-d2-s0` made
+    with different settings, and those must stay two curves, not two "seeds" of one."""
+    runs = df[["experiment", "label", "staleness", "seed"]].drop_duplicates()
+    clashes = runs.groupby(["label", "staleness", "seed"])["experiment"].nunique()
+    clashing = {(lab, d) for (lab, d, _), n in clashes.items() if n > 1}
+    if not clashing:
+        return df
+    hit = [(lab, d) in clashing for lab, d in zip(df["label"], df["staleness"])]
+    df = df.copy()
+    for column in ("label", "variant"):
+        df.loc[hit, column] = df.loc[hit, "experiment"] + "/" + df.loc[hit, column]
+    log.warning("runs of the same name in several experiments are kept apart by an "
+                "<experiment>/ prefix: %s", ", ".join(sorted({lab for lab, _ in clashing})))
+    return df
 
 
 def _flatten(record: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -199,11 +138,11 @@ def tidy_run(identity: Mapping[str, Any], records: Iterable[Mapping[str, Any]]) 
     last_step = max(by_step) if by_step else -1
     total_steps = identity.get("total_steps")
     complete = total_steps is not None and last_step >= int(total_steps) - 1
-    for key in ("run", "experiment", "algo", "schedule", "staleness", "seed"):
+    for key in IDENTITY_COLUMNS:
         frame[key] = identity[key]
     frame["complete"] = bool(complete)
-    frame = frame.astype({"step": "int64", "wall_time": "float64", "value": "float64",
-                          "staleness": "int64", "seed": "int64", "complete": "bool"})
+    frame = frame.astype({"step": "int64", "wall_time": "float64", "value": "float64", "staleness": "int64",
+                          "max_staleness": "int64", "seed": "int64", "complete": "bool"})
     return frame[TIDY_COLUMNS]
 
 
@@ -254,6 +193,24 @@ def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
     return list(found)
 
 
+def read_config(run_dir: Path) -> dict[str, Any]:
+    with open(run_dir / "config.yaml", encoding="utf-8") as handle:
+        return yaml.safe_load(handle) or {}
+
+
+def load_configs(paths: str | Path | Iterable[str | Path]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(experiment, run) -> the resolved config of every run directory below `paths`,
+    including runs without metrics; the report reads the settings that matter from here."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    configs = {}
+    for run_dir in find_run_dirs(list(paths)):
+        config = read_config(run_dir)
+        identity = run_identity(config, fallback_name=run_dir.name, fallback_experiment=run_dir.parent.name)
+        configs[(identity["experiment"], identity["run"])] = config
+    return configs
+
+
 def load_run_dir(run_dir: Path) -> pd.DataFrame | None:
     """One run directory's rows, or None (with a warning naming it) when it has no
     metrics to contribute."""
@@ -262,8 +219,7 @@ def load_run_dir(run_dir: Path) -> pd.DataFrame | None:
         warnings.warn(f"{run_dir}: skipped, no metrics.jsonl (or it is empty)",
                       RunSkippedWarning, stacklevel=2)
         return None
-    with open(run_dir / "config.yaml", encoding="utf-8") as handle:
-        config = yaml.safe_load(handle) or {}
+    config = read_config(run_dir)
     identity = run_identity(config, fallback_name=run_dir.name, fallback_experiment=run_dir.parent.name)
     records = read_metrics(metrics_path)
     if not records:
@@ -283,8 +239,8 @@ def _concat(frames: list[pd.DataFrame], where: str) -> pd.DataFrame:
         raise NoRunsError(
             f"no runs found in {where}: expected run directories holding config.yaml and a "
             "non-empty metrics.jsonl (outputs/<experiment>/<run_name>/)")
-    df = pd.concat(frames, ignore_index=True)
-    return df.sort_values(["run", "metric", "step"], kind="stable").reset_index(drop=True)
+    df = disambiguate(pd.concat(frames, ignore_index=True))
+    return df.sort_values(["experiment", "run", "metric", "step"], kind="stable").reset_index(drop=True)
 
 
 def load_runs(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:

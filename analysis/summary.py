@@ -1,31 +1,25 @@
-"""The headline table: per algorithm label and staleness, what the paper's Table/Figs report.
+"""The headline table: per algorithm label and staleness, what the paper's table and
+figures report, from the run-level scalars of `analysis.scalars`.
 
-Each run is first reduced to a handful of scalars (`run_scalars`), then seeds are
-aggregated (`summary_table`). The staleness panel figure reuses `run_scalars`, so the
-figure and the table can never disagree about what "final reward" means.
+Seeds are aggregated per (label, staleness); the label carries every parameter of a run
+(schedule, correction, objective, async), so only runs that differ in nothing but the seed
+are averaged.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from analysis.load import add_labels, label_sort_key
+from analysis.identity import label_sort_key
+from analysis.markdown import fmt, fmt_interval, fmt_mean_std, markdown_table
+from analysis.scalars import DIAGNOSTIC_MEANS, STEP_MEANS, context_of, run_scalars
+from analysis.stats import Interval, mean_ci
 
-RUN_KEY = ["experiment", "run"]
-
-# Per-step metrics summarised by their mean over the steps of a run.
-STEP_MEANS = {
-    "iw_max": "actor/importance_weight/max",
-    "iw_min": "actor/importance_weight/min",
-    "clipped_tokens": "actor/clipped_tokens",
-    "prox_time_s": "time/prox_logp",
-    "entropy": "actor/entropy",
-}
+GROUP = ["label", "staleness"]
 
 # A-3PO paper, Qwen2.5-1.5B-Instruct on GSM8K: (quantity, unit, loglinear, recompute).
 PAPER_NUMBERS = [
@@ -38,156 +32,151 @@ PAPER_NUMBERS = [
     ("entropy", "nats", "0.084", "0.070"),
 ]
 
-
-def final_window(n_steps: int) -> int:
-    """Steps averaged for the final reward: the last 10% (at least one), because the
-    per-step reward of a small batch is too noisy for its last value alone to rank
-    algorithms."""
-    return max(1, n_steps // 10)
+CLIPPED_NOTE = ("Clipped tokens are a count per step, so they scale with the tokens per step "
+                "(prompts x samples x response length): compare them with the paper's counts by "
+                "direction only; the clip ratio (clipped / valid tokens) is the size-free measure.")
 
 
-def run_scalars(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per run: identity, completeness and the scalars the table and the
-    staleness panel compare.
-
-    Training time is the wall time at the run's last logged step, so an incomplete run
-    reports the time it actually trained (its row in the summary counts it as
-    incomplete).
-    """
-    df = add_labels(df) if "label" not in df.columns else df
-    identity = (df.groupby(RUN_KEY, sort=True)[["label", "algo", "schedule", "staleness", "seed", "complete"]]
-                .first())
-    last_step = df.groupby(RUN_KEY)["step"].max().rename("last_step")
-    at_last = df.merge(last_step.reset_index(), on=RUN_KEY)
-    at_last = at_last[at_last["step"] == at_last["last_step"]]
-    train_time = at_last.groupby(RUN_KEY)["wall_time"].max().rename("train_time_s")
-
-    def tail_mean(values: pd.Series) -> float:
-        return float(values.iloc[-final_window(len(values)):].mean())
-
-    reward = df[df["metric"] == "reward/mean"].sort_values("step")
-    final_reward = reward.groupby(RUN_KEY)["value"].agg(tail_mean).rename("final_reward")
-    evals = df[df["metric"] == "eval/reward"].sort_values("step")
-    final_eval = evals.groupby(RUN_KEY)["value"].last().rename("final_eval_reward")
-
-    step_means = df[df["metric"].isin(STEP_MEANS.values())].groupby(RUN_KEY + ["metric"])["value"].mean()
-    step_means = step_means.unstack("metric") if len(step_means) else pd.DataFrame(index=identity.index)
-    step_means = step_means.reindex(columns=list(STEP_MEANS.values()))
-    step_means.columns = list(STEP_MEANS)
-
-    out = identity.join([last_step, train_time, final_reward, final_eval]).join(step_means)
-    return out.reset_index()
+def _speedup(rows: pd.DataFrame, baseline: pd.DataFrame, column: str) -> Interval:
+    """recompute's training time / this row's: per seed where both have the seed (mean
+    and 95% CI of the per-seed ratios), else the ratio of the seed means (no interval)."""
+    ours = {s: v for s, v in zip(rows["seed"], rows[column]) if np.isfinite(v) and v > 0}
+    theirs = {s: v for s, v in zip(baseline["seed"], baseline[column]) if np.isfinite(v)}
+    seeds = [s for s in ours if s in theirs]
+    if seeds:
+        return mean_ci([theirs[s] / ours[s] for s in seeds])
+    if not ours or not theirs:
+        return Interval(math.nan, math.nan, math.nan, 0)
+    return Interval(float(np.mean(list(theirs.values())) / np.mean(list(ours.values()))), math.nan, math.nan, 1)
 
 
-def _ratio(numerator: float, denominator: float) -> float:
-    if denominator is None or not np.isfinite(denominator) or denominator == 0:
-        return math.nan
-    return numerator / denominator
+def _speedups(scalars: pd.DataFrame) -> pd.DataFrame:
+    """Speedup over recompute for every (label, staleness), against the recompute runs of the
+    same staleness, correction, objective, runtime (and experiment prefix)."""
+    scalars = scalars.assign(context=context_of(scalars))
+    records = []
+    for (name, staleness), rows in scalars.groupby(GROUP, sort=False):
+        baseline = scalars[(scalars["algo"] == "recompute") & (scalars["staleness"] == staleness)
+                           & (scalars["context"] == rows["context"].iloc[0])]
+        wall = _speedup(rows, baseline, "train_time_s") if len(baseline) else Interval(math.nan, math.nan, math.nan, 0)
+        cpu = _speedup(rows, baseline, "cpu_time_s") if len(baseline) else Interval(math.nan, math.nan, math.nan, 0)
+        records.append({"label": name, "staleness": staleness, "speedup_vs_recompute": wall.mean,
+                        "speedup_ci_low": wall.low, "speedup_ci_high": wall.high,
+                        "speedup_cpu_vs_recompute": cpu.mean})
+    return pd.DataFrame(records)
 
 
 def summary_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (algo label, staleness): seed mean ± std of training time, final reward and
-    final eval reward, the speedup over recompute at the same staleness (ratio of the
-    seed-mean training times), the seed means of the per-step diagnostics, and how many
-    seeds there are and how many of them did not finish."""
+    """Per (label, staleness): seeds and incomplete runs, training/CPU/wall time, contention,
+    the speedup over recompute (from training-time sums, with its 95% CI over paired seeds),
+    the staleness reached, final rewards (mean ± std over seeds), and the seed means of the
+    steady-state diagnostics (off-policy ones only where some run logged them)."""
     scalars = run_scalars(df)
-    grouped = scalars.groupby(["label", "staleness"], sort=False)
-    table = grouped.agg(
-        train_time_s_mean=("train_time_s", "mean"),
-        train_time_s_std=("train_time_s", "std"),
-        final_reward_mean=("final_reward", "mean"),
-        final_reward_std=("final_reward", "std"),
-        final_eval_reward_mean=("final_eval_reward", "mean"),
-        final_eval_reward_std=("final_eval_reward", "std"),
-        iw_max_mean=("iw_max", "mean"),
-        iw_min_mean=("iw_min", "mean"),
-        clipped_tokens_mean=("clipped_tokens", "mean"),
-        prox_time_s_mean=("prox_time_s", "mean"),
-        entropy_mean=("entropy", "mean"),
-        n_seeds=("seed", "nunique"),
-        n_incomplete=("complete", lambda complete: int((~complete.astype(bool)).sum())),
-    ).reset_index()
-    recompute_time = table[table["label"] == "recompute"].set_index("staleness")["train_time_s_mean"]
-    table["speedup_vs_recompute"] = [
-        _ratio(recompute_time.get(staleness, math.nan), time)
-        for staleness, time in zip(table["staleness"], table["train_time_s_mean"])
-    ]
+    grouped = scalars.groupby(GROUP, sort=False)
+    aggregations = dict(
+        runtime=("runtime", "first"), steady_from_step=("max_staleness", "first"),
+        n_seeds=("seed", "nunique"), n_incomplete=("complete", lambda c: int((~c.astype(bool)).sum())),
+        train_time_s_mean=("train_time_s", "mean"), train_time_s_std=("train_time_s", "std"),
+        cpu_time_s_mean=("cpu_time_s", "mean"), wall_time_s_mean=("wall_time_s", "mean"),
+        wall_cpu_ratio_mean=("wall_cpu_ratio", "mean"), n_contended=("contended", "sum"),
+        n_cpu_missing=("cpu_missing", "sum"), steady_steps_min=("steady_steps", "min"),
+        staleness_reached_mean=("staleness_reached_mean", "mean"),
+        staleness_reached_max=("staleness_reached_max", "max"),
+        final_reward_mean=("final_reward", "mean"), final_reward_std=("final_reward", "std"),
+        final_eval_reward_mean=("final_eval_reward", "mean"), final_eval_reward_std=("final_eval_reward", "std"),
+    )
+    aggregations.update({f"{name}_mean": (name, "mean") for name in STEP_MEANS})
+    aggregations.update({f"{name}_mean": (name, "mean") for name in DIAGNOSTIC_MEANS if scalars[name].notna().any()})
+    table = grouped.agg(**aggregations).reset_index().merge(_speedups(scalars), on=GROUP, how="left")
+    for column in ("n_contended", "n_cpu_missing"):
+        table[column] = table[column].astype(int)
     order = sorted(table.index, key=lambda i: (table.at[i, "staleness"], label_sort_key(table.at[i, "label"])))
     table = table.loc[order].reset_index(drop=True)
-    columns = ["label", "staleness", "n_seeds", "n_incomplete", "train_time_s_mean", "train_time_s_std",
-               "speedup_vs_recompute", "final_reward_mean", "final_reward_std", "final_eval_reward_mean",
-               "final_eval_reward_std", "iw_max_mean", "iw_min_mean", "clipped_tokens_mean",
-               "prox_time_s_mean", "entropy_mean"]
-    return table[columns]
+    front = ["label", "staleness", "runtime", "steady_from_step", "n_seeds", "n_incomplete", "train_time_s_mean",
+             "train_time_s_std", "cpu_time_s_mean", "wall_time_s_mean", "wall_cpu_ratio_mean", "n_contended",
+             "n_cpu_missing", "speedup_vs_recompute", "speedup_ci_low", "speedup_ci_high", "speedup_cpu_vs_recompute"]
+    return table[front + [c for c in table.columns if c not in front]]
 
 
-def fmt(value: float, digits: int = 4) -> str:
-    """Significant digits rather than fixed decimals: prox times span 1e-5 s to 10 s."""
-    if value is None or (isinstance(value, float) and not np.isfinite(value)):
-        return ""
-    if isinstance(value, (int, np.integer)):
-        return str(int(value))
-    return f"{value:.{digits}g}"
-
-
-def fmt_mean_std(mean: float, std: float) -> str:
-    if std is None or not np.isfinite(std):
-        return fmt(mean)
-    return f"{fmt(mean)} ± {fmt(std, 2)}"
-
-
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric_from: int = 1) -> str:
-    """A GitHub-flavoured markdown table padded to line up in a terminal, without
-    pandas' optional `tabulate` dependency; columns from `numeric_from` on are
-    right-aligned."""
-    cells = [list(map(str, headers))] + [list(map(str, row)) for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-
-    def line(row: Sequence[str]) -> str:
-        padded = [cell.rjust(width) if i >= numeric_from else cell.ljust(width)
-                  for i, (cell, width) in enumerate(zip(row, widths))]
-        return "| " + " | ".join(padded) + " |"
-
-    rule = ["-" * (width + 1) + ":" if i >= numeric_from else "-" * (width + 2) for i, width in enumerate(widths)]
-    return "\n".join([line(cells[0]), "|" + "|".join(rule) + "|"] + [line(row) for row in cells[1:]])
-
-
-def summary_markdown(table: pd.DataFrame) -> str:
-    """This sweep's table, then the paper's numbers for the same quantities, so a reader
-    sees at a glance whether the direction of each effect reproduces."""
-    headers = ["algo", "d", "seeds", "incomplete", "train time (s)", "speedup vs recompute",
-               "final reward", "final eval reward", "IW max", "IW min", "clipped tokens",
-               "prox logp time (s)", "entropy"]
+def _time_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    headers = ["algo", "d", "seeds", "incomplete", "training time (s)", "CPU time (s)", "wall at last step (s)",
+               "wall/CPU", "contended", "speedup vs recompute", "staleness reached (mean/max)", "final reward",
+               "final eval reward"]
     rows = []
-    for record in table.itertuples(index=False):
-        rows.append([
-            record.label, fmt(record.staleness), fmt(record.n_seeds), fmt(record.n_incomplete),
-            fmt_mean_std(record.train_time_s_mean, record.train_time_s_std),
-            fmt(record.speedup_vs_recompute, 3),
-            fmt_mean_std(record.final_reward_mean, record.final_reward_std),
-            fmt_mean_std(record.final_eval_reward_mean, record.final_eval_reward_std),
-            fmt(record.iw_max_mean), fmt(record.iw_min_mean), fmt(record.clipped_tokens_mean),
-            fmt(record.prox_time_s_mean, 3), fmt(record.entropy_mean),
-        ])
+    for r in table.itertuples(index=False):
+        speedup = Interval(r.speedup_vs_recompute, r.speedup_ci_low, r.speedup_ci_high,
+                           2 if np.isfinite(r.speedup_ci_low) else 1)
+        cpu = "missing" if r.n_cpu_missing == r.n_seeds else fmt(r.cpu_time_s_mean)
+        rows.append([r.label, fmt(r.staleness), fmt(r.n_seeds), fmt(r.n_incomplete),
+                     fmt_mean_std(r.train_time_s_mean, r.train_time_s_std), cpu, fmt(r.wall_time_s_mean),
+                     fmt(r.wall_cpu_ratio_mean, 3), f"{r.n_contended}/{r.n_seeds}",
+                     fmt_interval(speedup).replace(" (n=1)", "") if np.isfinite(r.speedup_vs_recompute) else "",
+                     f"{fmt(r.staleness_reached_mean, 3)} / {fmt(r.staleness_reached_max, 3)}",
+                     fmt_mean_std(r.final_reward_mean, r.final_reward_std),
+                     fmt_mean_std(r.final_eval_reward_mean, r.final_eval_reward_std)])
+    return headers, rows
+
+
+def _steady_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    headers = ["algo", "d", "steady from step", "IW max", "IW min", "clipped tokens", "clip ratio",
+               "prox logp time (s)", "entropy"]
+    rows = [[r.label, fmt(r.staleness), fmt(r.steady_from_step), fmt(r.iw_max_mean), fmt(r.iw_min_mean),
+             fmt(r.clipped_tokens_mean), fmt(r.clip_ratio_mean, 3), fmt(r.prox_time_s_mean, 3),
+             fmt(r.entropy_mean)] for r in table.itertuples(index=False)]
+    return headers, rows
+
+
+DIAGNOSTIC_HEADERS = {"ess_token": "ESS token", "ess_seq": "ESS seq", "chi2_token": "chi2 token",
+                      "kl_k1": "KL k1", "kl_k3": "KL k3", "masked_low": "masked low", "masked_high": "masked high",
+                      "truncated": "truncated", "clip_low": "clip low", "clip_high": "clip high"}
+
+
+def _diagnostic_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    present = [name for name in DIAGNOSTIC_MEANS if f"{name}_mean" in table.columns]
+    headers = ["algo", "d"] + [DIAGNOSTIC_HEADERS[name] for name in present]
+    rows = [[r["label"], fmt(r["staleness"])] + [fmt(r[f"{name}_mean"], 3) for name in present]
+            for _, r in table.iterrows()]
+    return headers, rows if present else []
+
+
+def paper_markdown() -> str:
     paper_rows = [[f"{name} ({unit})" if unit else name, loglinear, recompute]
                   for name, unit, loglinear, recompute in PAPER_NUMBERS]
     paper_rows.append(["speedup vs recompute (from training time)", f"{3.46 / 2.72:.2f}", "1"])
-    return "\n".join([
-        "## This sweep",
-        "",
-        markdown_table(headers, rows, numeric_from=1),
-        "",
-        "Mean ± std over seeds (std left out for a single seed). d: staleness. Final reward: mean "
-        "of reward/mean over the last 10% of a run's steps (at least one); final eval reward: the "
-        "last eval/reward. IW max/min, clipped tokens, prox logp time, entropy: mean over steps, "
-        "then over seeds. Speedup: recompute's mean training time at the same d divided by this "
-        "row's. Incomplete runs are included up to their last logged step.",
-        "",
-        "## A-3PO paper (Qwen2.5-1.5B-Instruct, GSM8K)",
-        "",
-        markdown_table(["quantity", "loglinear (A-3PO)", "recompute"], paper_rows, numeric_from=1),
-        "",
-    ])
+    return markdown_table(["quantity", "loglinear (A-3PO)", "recompute"], paper_rows, numeric_from=1)
+
+
+TIME_NOTE = (
+    "Mean ± std over seeds (std left out for a single seed). d: staleness (the bound for async runs). "
+    "Training time: the sum over steps of time/step, the wall time of the training phases without eval "
+    "and checkpoints; CPU time: the same span's process CPU time (\"missing\" for logs without "
+    "time/step_cpu); wall at last step: wall_time, which also counts eval, checkpoints and start-up. "
+    "wall/CPU > 1.25 means the process got under 0.8 of a core: its times are inflated by other jobs "
+    "(contended: flagged runs / runs). Speedup: recompute's training time / this row's, per seed where "
+    "both have the seed (mean [95% CI]), at the same d, correction, objective and runtime. Staleness "
+    "reached: mean of staleness/mean and max of staleness/max over steady-state steps. Final reward: "
+    "mean of reward/mean over the last 10% of a run's steps; final eval reward: the last eval/reward. "
+    "Incomplete runs count up to their last logged step.")
+STEADY_NOTE = (
+    "Steady state only: every number here is a mean over steps >= D (D = the staleness, or the async "
+    "bound), because the first D steps train on fresher data than D; then the mean over seeds. A run "
+    "with no step >= D has no value here. " + CLIPPED_NOTE)
+
+
+def summary_markdown(table: pd.DataFrame) -> str:
+    """This sweep's tables (time and reward; steady-state diagnostics; off-policy
+    diagnostics where logged), then the paper's numbers for the same quantities."""
+    parts = ["## This sweep", "", markdown_table(*_time_rows(table)), "", TIME_NOTE, "",
+             "### Steady-state diagnostics (steps >= D)", "", markdown_table(*_steady_rows(table)), "",
+             STEADY_NOTE, ""]
+    headers, rows = _diagnostic_rows(table)
+    if rows:
+        parts += ["### Off-policy diagnostics (steps >= D)", "", markdown_table(headers, rows), "",
+                  "ESS: effective sample size of the importance weights as a fraction of tokens (sequences); "
+                  "masked/truncated: fraction of tokens a correction dropped or capped; clip low/high: "
+                  "fraction of tokens clipped at 1 - eps / 1 + eps.", ""]
+    parts += ["## A-3PO paper (Qwen2.5-1.5B-Instruct, GSM8K)", "", paper_markdown(), ""]
+    return "\n".join(parts)
 
 
 def write_summary(df: pd.DataFrame, out_dir: str | Path) -> tuple[str, list[Path]]:

@@ -20,6 +20,9 @@ import yaml  # noqa: E402
 
 from analysis import figures, summary  # noqa: E402
 from analysis.load import TIDY_COLUMNS, NoRunsError, RunSkippedWarning, label, load_runs, load_wandb  # noqa: E402
+from analysis.load import run_identity  # noqa: E402
+from analysis.scalars import contended, run_scalars  # noqa: E402
+from analysis.stats import t_quantile  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO_ROOT / "analysis" / "notebooks" / "paper_figures.ipynb"
@@ -67,6 +70,9 @@ def record(algo, staleness, seed, step):
         "version": step,
         "wall_time": wall_time(algo, staleness, seed, step),
         "time/step": step_time(algo, staleness, seed),
+        "time/step_cpu": step_time(algo, staleness, seed),  # one full core: not contended
+        "time/eval": 0.0,
+        "time/checkpoint": 0.0,
         "time/rollout": 0.3,
         "time/prox_logp": PROX_TIME[algo],
         "time/train": 0.7,
@@ -169,9 +175,11 @@ def one(frame: pd.DataFrame, **where) -> pd.Series:
 
 def test_label():
     assert label("loglinear", "inverse") == "loglinear"
-    assert label("loglinear", "exponential") == "loglinear[exponential]"
+    assert label("loglinear", "exponential0.5") == "loglinear-exponential0.5"
     assert label("recompute", "") == "recompute"
     assert label("recompute", None) == "recompute"
+    assert label("loglinear", "inverse", "tis2", "gspo") == "loglinear-tis2-gspo"
+    assert label("recompute", None, "none", "ppo") == "recompute"
 
 
 def test_tidy_frame_columns_and_values(frame):
@@ -179,7 +187,9 @@ def test_tidy_frame_columns_and_values(frame):
     assert frame["run"].nunique() == 3 * 2 * 2 + 1 + 2
     row = one(frame, run="loglinear-d2-s1", metric="reward/mean", step=3)
     assert row["experiment"] == "synthetic"
-    assert row["algo"] == "loglinear" and row["schedule"] == "inverse"
+    assert row["algo"] == "loglinear" and row["schedule"] == "inverse" and row["label"] == "loglinear"
+    assert row["variant"] == "loglinear-d2" and row["correction"] == "none" and row["objective"] == "ppo"
+    assert row["runtime"] == "lagged" and row["max_staleness"] == 2
     assert row["staleness"] == 2 and row["seed"] == 1
     assert row["value"] == pytest.approx(reward("loglinear", 2, 1, 3))
     assert row["wall_time"] == pytest.approx(wall_time("loglinear", 2, 1, 3))
@@ -187,6 +197,7 @@ def test_tidy_frame_columns_and_values(frame):
     # the schedule is blanked where the algorithm ignores it
     assert set(frame.loc[frame["algo"] == "recompute", "schedule"]) == {""}
     assert set(frame.loc[frame["run"] == "loglinear-exponential-d2-s0", "schedule"]) == {"exponential"}
+    assert set(frame.loc[frame["run"] == "loglinear-exponential-d2-s0", "label"]) == {"loglinear-exponential"}
     # unknown numeric keys are kept, strings dropped, eval only on eval steps
     assert (frame["metric"] == "custom/extra").any()
     assert not (frame["metric"] == "note").any()
@@ -322,6 +333,7 @@ def test_every_figure_written_non_empty(figure_dir):
             path = out / f"{stem}{suffix}"
             assert path in written and path.stat().st_size > 0, path
     assert (out / "fig1_prox_time.png").read_bytes()[:4] == b"\x89PNG"
+    assert not (out / "corrections_panel.png").exists()  # one correction only: nothing to compare
     assert (out / "fig1_prox_time.pdf").read_bytes()[:4] == b"%PDF"
 
 
@@ -334,14 +346,17 @@ def test_per_step_csv_holds_the_seed_mean(figure_dir):
     assert row["min"] == pytest.approx(min(values)) and row["max"] == pytest.approx(max(values))
     assert row["std"] == pytest.approx(np.std(values, ddof=1))
     assert row["n_seeds"] == 2
-    assert one(data, label="loglinear[exponential]", staleness=2, step=2)["n_seeds"] == 1
+    assert one(data, label="loglinear-exponential", staleness=2, step=2)["n_seeds"] == 1
 
     weights = read_csv(out, "fig4_importance_weight")
     assert set(weights["metric"]) == {"actor/importance_weight/max", "actor/importance_weight/min"}
     assert one(weights, metric="actor/importance_weight/max", label="coupled", staleness=2, step=4)["mean"] \
         == pytest.approx(1.5 + 0.2 + 0.04)
     clipped = read_csv(out, "fig5_clipped_tokens")
-    assert one(clipped, label="recompute", staleness=1, step=7)["mean"] == pytest.approx(7.5)
+    assert one(clipped, metric="actor/clipped_tokens", label="recompute", staleness=1, step=7)["mean"] \
+        == pytest.approx(7.5)
+    assert one(clipped, metric="actor/clip_ratio", label="recompute", staleness=1, step=7)["mean"] \
+        == pytest.approx(0.01)
 
 
 def test_log_scale_prox_time_leaves_out_zeros(figure_dir):
@@ -354,13 +369,19 @@ def test_log_scale_prox_time_leaves_out_zeros(figure_dir):
 def test_reward_wallclock_csv(figure_dir):
     out, _ = figure_dir
     data = read_csv(out, "fig2_reward_wallclock")
-    curve = one(data, panel="reward_vs_wall_time", label="recompute", staleness=2, step=19)
-    assert curve["wall_time_s"] == pytest.approx(np.mean([wall_time("recompute", 2, s, 19) for s in SEEDS]))
+    curve = one(data, panel="reward_vs_training_time", label="recompute", staleness=2, step=19)
+    # the running sum of time/step, which equals wall_time here (no eval or checkpoint time)
+    assert curve["train_time_s"] == pytest.approx(np.mean([wall_time("recompute", 2, s, 19) for s in SEEDS]))
     assert curve["mean"] == pytest.approx(np.mean([reward("recompute", 2, s, 19) for s in SEEDS]))
     bars = one(data, panel="training_time", label="loglinear", staleness=1)
     times = [wall_time("loglinear", 1, s, TOTAL_STEPS - 1) for s in SEEDS]
     assert bars["mean"] == pytest.approx(np.mean(times))
     assert bars["min"] == pytest.approx(min(times)) and bars["max"] == pytest.approx(max(times))
+
+
+def steady_mean(function, staleness):
+    """The mean of function(step) over the steady-state steps (step >= staleness)."""
+    return np.mean([function(step) for step in range(staleness, TOTAL_STEPS)])
 
 
 def final_reward(algo, staleness, seed):
@@ -370,18 +391,21 @@ def final_reward(algo, staleness, seed):
 def test_staleness_panel_csv(figure_dir):
     out, _ = figure_dir
     data = read_csv(out, "staleness_panel")
-    assert set(data["quantity"]) == {"final_reward", "train_time_s", "iw_max", "clipped_tokens"}
+    assert set(data["quantity"]) == {"final_reward", "train_time_s", "entropy", "iw_max", "iw_min",
+                                     "clipped_tokens", "clip_ratio", "prox_time_s"}
     row = one(data, quantity="final_reward", label="coupled", staleness=2)
     assert row["mean"] == pytest.approx(np.mean([final_reward("coupled", 2, s) for s in SEEDS]))
     row = one(data, quantity="clipped_tokens", label="loglinear", staleness=1)
-    assert row["mean"] == pytest.approx(10 + np.mean(range(TOTAL_STEPS)) + 0.5)
+    assert row["mean"] == pytest.approx(10 + steady_mean(lambda t: t, 1) + 0.5)  # steps 1..19 only
+    row = one(data, quantity="train_time_s", label="recompute", staleness=2)
+    assert row["mean"] == pytest.approx(np.mean([TOTAL_STEPS * step_time("recompute", 2, s) for s in SEEDS]))
 
 
 def test_approx_error_csv(figure_dir):
     out, _ = figure_dir
     data = read_csv(out, "approx_error")
     assert set(data["schedule"]) == {"inverse", "exponential", "inverse-linear"}
-    assert set(data["label"]) == {"loglinear", "loglinear[exponential]", "linear"}
+    assert set(data["label"]) == {"loglinear", "loglinear-exponential", "linear"}
     row = one(data, kind="logp_abs", schedule="exponential", staleness=2)
     assert row["mean"] == pytest.approx(np.mean([prox_error("exponential", 2, 0, t) for t in range(TOTAL_STEPS)]))
     assert one(data, kind="iw_abs", schedule="exponential", staleness=2)["mean"] == pytest.approx(2 * row["mean"])
@@ -402,9 +426,17 @@ def test_figure_with_absent_metrics_is_skipped(frame, tmp_path, caplog):
 def test_colours_are_fixed_and_deterministic():
     assert figures.colour("loglinear") == figures.PALETTE["loglinear"]
     assert figures.colour("recompute") != figures.colour("loglinear")
-    assert figures.colour("loglinear[exponential]") == figures.colour("loglinear[exponential]")
-    assert figures.colour("linear[exponential]") != figures.colour("loglinear[exponential]")
-    assert figures.colour("something[new]") == figures.colour("something[new]")
+    assert figures.colour("loglinear-exponential0.5") == figures.colour("loglinear-exponential0.5")
+    assert figures.colour("linear-exponential0.5") != figures.colour("loglinear-exponential0.5")
+    assert figures.colour("something-new") == figures.colour("something-new")
+    # two gammas prefer the same colour; drawn together they get two
+    labels = ["recompute", "loglinear", "loglinear-exponential0.5", "loglinear-exponential0.7"]
+    mapping = figures.colour_map(labels)
+    assert mapping["loglinear"] == figures.PALETTE["loglinear"] and mapping["recompute"] == figures.PALETTE["recompute"]
+    assert len(set(mapping.values())) == 4
+    assert mapping == figures.colour_map(reversed(labels))  # deterministic
+    assert figures.linestyle("loglinear") == "-" and figures.linestyle("loglinear-exponential0.5") == "--"
+    assert figures.linestyle("loglinear (async)") == "--"
 
 
 # --- summary --------------------------------------------------------------------------
@@ -426,13 +458,17 @@ def test_summary_values(frame):
     assert row["final_reward_std"] == pytest.approx(np.std(finals, ddof=1))
     evals = [eval_reward("coupled", 1, s, 15) for s in SEEDS]
     assert row["final_eval_reward_mean"] == pytest.approx(np.mean(evals))
-    assert row["iw_max_mean"] == pytest.approx(1.5 + 0.2 + 0.01 * np.mean(range(TOTAL_STEPS)))
-    assert row["iw_min_mean"] == pytest.approx(0.5 - 0.01 * np.mean(range(TOTAL_STEPS)))
+    # steady state: step 0 (< d = 1) is left out of every per-step mean
+    assert row["iw_max_mean"] == pytest.approx(1.5 + 0.2 + 0.01 * steady_mean(lambda t: t, 1))
+    assert row["iw_min_mean"] == pytest.approx(0.5 - 0.01 * steady_mean(lambda t: t, 1))
     assert row["prox_time_s_mean"] == pytest.approx(0.0)
-    assert row["entropy_mean"] == pytest.approx(1.0 - 0.01 * np.mean(range(TOTAL_STEPS)) + 0.005)
+    assert row["clip_ratio_mean"] == pytest.approx(0.01)
+    assert row["entropy_mean"] == pytest.approx(1.0 - 0.01 * steady_mean(lambda t: t, 1) + 0.005)
+    assert row["steady_from_step"] == 1 and row["staleness_reached_mean"] == pytest.approx(1.0)
+    assert row["cpu_time_s_mean"] == pytest.approx(row["train_time_s_mean"]) and row["n_contended"] == 0
     assert row["n_seeds"] == 2 and row["n_incomplete"] == 0
 
-    single = one(table, label="loglinear[exponential]", staleness=2)
+    single = one(table, label="loglinear-exponential", staleness=2)
     assert single["n_seeds"] == 1 and math.isnan(single["final_reward_std"])
     # recompute first, then the paper's method, within each staleness level
     assert list(table["label"][table["staleness"] == 1])[:3] == ["recompute", "loglinear", "coupled"]
@@ -448,6 +484,220 @@ def test_summary_files_and_markdown(frame, tmp_path):
     lines = [line for line in markdown.splitlines() if line.startswith("|")]
     assert len({len(line) for line in lines[: 2 + len(csv)]}) == 1  # the sweep table lines up
     assert " ± " in markdown
+
+
+# --- identity from the config ---------------------------------------------------------
+
+def dump_run(root: Path, name: str, config: dict, records: list[dict]) -> Path:
+    """A run directory with exactly these records (for crafted values)."""
+    run_dir = root / name
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"run_name": name, **config}))
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return run_dir
+
+
+def flat_records(steps: int, **per_step) -> list[dict]:
+    """Records whose metric values are constants or functions of the step."""
+    return [{"step": t, "wall_time": float(t + 1),
+             **{key.replace("__", "/"): (value(t) if callable(value) else value) for key, value in per_step.items()}}
+            for t in range(steps)]
+
+
+def test_identity_carries_every_parameter(tmp_path):
+    root = tmp_path / "ids"
+    base = {"experiment_name": "ids", "train": {"total_steps": 4}}
+    dump_run(root, "recompute-icepop0.5_2-d8-s1", {**base, "algo": {"name": "recompute", "uses_schedule": False},
+                                                    "schedule": {"name": "inverse"}, "staleness": 8, "seed": 1,
+                                                    "correction": {"name": "icepop", "low": 0.5, "high": 2},
+                                                    "objective": {"name": "ppo"}},
+             flat_records(4, reward__mean=0.1))
+    dump_run(root, "loglinear-tis2-gspo-d4-s0", {**base, "algo": {"name": "loglinear", "uses_schedule": True},
+                                                  "schedule": {"name": "inverse"}, "staleness": 4, "seed": 0,
+                                                  "correction": {"name": "tis", "cap": 2.0},
+                                                  "objective": {"name": "gspo"}},
+             flat_records(4, reward__mean=0.2))
+    dump_run(root, "my-custom-name", {**base, "algo": {"name": "loglinear"}, "staleness": 2, "seed": 3,
+                                      "schedule": {"name": "exponential", "gamma": 0.7},
+                                      "correction": {"name": "m2po", "tau": 0.04}},
+             flat_records(4, reward__mean=0.3))
+    runs = load_runs(root).groupby("run").first()
+    icepop = runs.loc["recompute-icepop0.5_2-d8-s1"]
+    assert (icepop["label"], icepop["variant"], icepop["correction"], icepop["objective"], icepop["schedule"]) \
+        == ("recompute-icepop0.5_2", "recompute-icepop0.5_2-d8", "icepop0.5_2", "ppo", "")
+    tis = runs.loc["loglinear-tis2-gspo-d4-s0"]
+    assert (tis["label"], tis["correction"], tis["objective"], tis["schedule"], tis["staleness"], tis["seed"]) \
+        == ("loglinear-tis2-gspo", "tis2", "gspo", "inverse", 4, 0)
+    custom = runs.loc["my-custom-name"]  # no -d<D>-s<seed> tail: the label is built from the config
+    assert (custom["label"], custom["correction"], custom["schedule"]) == \
+        ("loglinear-exponential0.7-m2po0.04", "m2po0.04", "exponential0.7")
+
+
+def test_run_identity_of_old_and_flattened_configs():
+    old = run_identity({"run_name": "loglinear-d2-s0", "algo": {"name": "loglinear"}, "staleness": 2, "seed": 0},
+                       "x")
+    assert (old["correction"], old["objective"], old["runtime"], old["label"]) == ("none", "ppo", "lagged",
+                                                                                    "loglinear")
+    flat = {"run_name": {"value": "recompute-icepop0.5_2-d8-s1"}, "algo.name": {"value": "recompute"},
+            "staleness": {"value": 8}, "seed": {"value": 1}, "correction.name": {"value": "icepop"},
+            "correction.low": {"value": 0.5}, "correction.high": {"value": 2}, "runtime.name": {"value": "async"},
+            "runtime.max_staleness": {"value": 3}}
+    identity = run_identity(flat, "x")
+    assert (identity["label"], identity["correction"], identity["max_staleness"]) == \
+        ("recompute-icepop0.5_2 (async)", "icepop0.5_2", 3)
+    unnamed = run_identity({"algo": {"name": "coupled"}}, "coupled-d4-s2")  # from the directory name
+    assert (unnamed["staleness"], unnamed["seed"], unnamed["label"]) == (4, 2, "coupled")
+
+
+def gamma_config(gamma: float, seed: int) -> dict:
+    return {"experiment_name": "gammas", "algo": {"name": "loglinear", "uses_schedule": True},
+            "schedule": {"name": "exponential", "gamma": gamma}, "staleness": 4, "seed": seed,
+            "train": {"total_steps": 6}}
+
+
+def test_two_gammas_are_two_labels_not_two_seeds(tmp_path):
+    root = tmp_path / "gammas"
+    for gamma in (0.5, 0.7):
+        for seed in (0, 1):
+            dump_run(root, f"loglinear-exponential{gamma:g}-d4-s{seed}", gamma_config(gamma, seed),
+                     flat_records(6, reward__mean=gamma + 0.01 * seed, time__step=1.0))
+    table = summary.summary_table(load_runs(root)).set_index("label")
+    assert list(table.index) == ["loglinear-exponential0.5", "loglinear-exponential0.7"]
+    assert table.loc["loglinear-exponential0.5", "n_seeds"] == 2
+    assert table.loc["loglinear-exponential0.5", "final_reward_mean"] == pytest.approx(0.505)
+    assert table.loc["loglinear-exponential0.7", "final_reward_mean"] == pytest.approx(0.705)
+
+
+def test_same_run_name_in_two_experiments_stays_two_curves(tmp_path):
+    for experiment, reward_value in (("first", 0.1), ("second", 0.9)):
+        dump_run(tmp_path / experiment, "loglinear-d2-s0",
+                 {"experiment_name": experiment, "algo": {"name": "loglinear"}, "staleness": 2, "seed": 0},
+                 flat_records(3, reward__mean=reward_value))
+    df = load_runs([tmp_path / "first", tmp_path / "second"])
+    assert set(df["label"]) == {"first/loglinear", "second/loglinear"}
+    table = summary.summary_table(df).set_index("label")
+    assert table.loc["second/loglinear", "final_reward_mean"] == pytest.approx(0.9)
+
+
+# --- steady state and timing ----------------------------------------------------------
+
+def test_ramp_up_steps_are_left_out_of_run_means(tmp_path):
+    root = tmp_path / "ramp"
+    config = {"experiment_name": "ramp", "algo": {"name": "loglinear"}, "staleness": 4, "seed": 0,
+              "train": {"total_steps": 10}}
+    ramp = lambda early, late: (lambda t: early if t < 4 else late(t))  # noqa: E731
+    dump_run(root, "loglinear-d4-s0", config, flat_records(
+        10, actor__importance_weight__max=ramp(100.0, lambda t: 2.0 + 0.1 * (t - 4)),
+        actor__entropy=ramp(9.0, lambda t: 0.5), offpolicy__ess_token=ramp(0.0, lambda t: 0.8),
+        actor__clip_ratio=ramp(1.0, lambda t: 0.02), time__prox_logp=ramp(5.0, lambda t: 1e-4),
+        staleness__mean=lambda t: float(min(t, 4)), staleness__max=lambda t: min(t, 4), reward__mean=0.5))
+    dump_run(root, "loglinear-d4-s1", {**config, "seed": 1},  # shorter than the ramp: no steady value
+             flat_records(3, actor__importance_weight__max=100.0, reward__mean=0.5))
+    scalars = run_scalars(load_runs(root)).set_index("run")
+    row = scalars.loc["loglinear-d4-s0"]
+    assert row["steady_steps"] == 6
+    assert row["iw_max"] == pytest.approx(2.25)  # mean of 2.0 ... 2.5 over steps 4-9; steps 0-3 (100) left out
+    assert (row["entropy"], row["ess_token"], row["clip_ratio"], row["prox_time_s"]) == \
+        pytest.approx((0.5, 0.8, 0.02, 1e-4))
+    assert (row["staleness_reached_mean"], row["staleness_reached_max"]) == (4.0, 4.0)
+    assert scalars.loc["loglinear-d4-s1", "steady_steps"] == 0 and math.isnan(scalars.loc["loglinear-d4-s1", "iw_max"])
+    table = summary.summary_table(load_runs(root))
+    assert one(table, label="loglinear", staleness=4)["iw_max_mean"] == pytest.approx(2.25)
+    assert one(table, label="loglinear", staleness=4)["ess_token_mean"] == pytest.approx(0.8)
+    markdown = summary.summary_markdown(table)
+    assert "Steady state only: every number here is a mean over steps >= D" in markdown
+    assert "### Off-policy diagnostics (steps >= D)" in markdown and "ESS token" in markdown
+
+
+def test_contention_rule():
+    assert contended(10.0, 8.0) is False  # exactly 0.8 of a core: not flagged
+    assert contended(10.0, 7.9) is True
+    assert contended(10.0, float("nan")) is False and contended(10.0, 0.0) is False
+
+
+def timing_config(algo: str, seed: int) -> dict:
+    return {"experiment_name": "timing", "algo": {"name": algo}, "staleness": 2, "seed": seed,
+            "train": {"total_steps": 4}}
+
+
+def test_training_time_cpu_time_and_contention(tmp_path):
+    root = tmp_path / "timing"
+    step_times = [1.0, 2.0, 3.0, 4.0]
+    pauses = lambda t: sum(step_times[: t + 1]) + 5.0 * (t + 1)  # noqa: E731  (eval: wall grows faster)
+    for algo, cpu_share in (("recompute", 0.5), ("loglinear", 0.9)):
+        records = flat_records(4, time__step=lambda t: step_times[t],
+                               time__step_cpu=lambda t, c=cpu_share: step_times[t] * c, time__eval=5.0)
+        for record in records:
+            record["wall_time"] = pauses(record["step"])
+        dump_run(root, f"{algo}-d2-s0", timing_config(algo, 0), records)
+    dump_run(root, "coupled-d2-s0", timing_config("coupled", 0),  # an old log: no CPU time
+             flat_records(4, time__step=lambda t: step_times[t]))
+    scalars = run_scalars(load_runs(root)).set_index("run")
+    recompute, loglinear, old = (scalars.loc[f"{a}-d2-s0"] for a in ("recompute", "loglinear", "coupled"))
+    assert recompute["train_time_s"] == pytest.approx(10.0) and recompute["wall_time_s"] == pytest.approx(30.0)
+    assert recompute["cpu_time_s"] == pytest.approx(5.0) and recompute["eval_time_s"] == pytest.approx(20.0)
+    assert recompute["wall_cpu_ratio"] == pytest.approx(2.0) and bool(recompute["contended"]) is True
+    assert loglinear["cpu_time_s"] == pytest.approx(9.0) and bool(loglinear["contended"]) is False
+    assert bool(old["cpu_missing"]) is True and bool(old["contended"]) is False
+    assert old["train_time_s"] == pytest.approx(10.0) and old["time_basis"] == "time/step"
+    table = summary.summary_table(load_runs(root))
+    assert one(table, label="recompute", staleness=2)["n_contended"] == 1
+    assert one(table, label="coupled", staleness=2)["n_cpu_missing"] == 1
+    markdown = summary.summary_markdown(table)
+    coupled_line = next(line for line in markdown.splitlines() if line.startswith("| coupled"))
+    assert "missing" in coupled_line
+    assert "1/1" in next(line for line in markdown.splitlines() if line.startswith("| recompute"))
+
+
+def test_speedup_from_training_time_sums_paired_by_seed(tmp_path):
+    root = tmp_path / "speedup"
+    recompute_step, loglinear_step = [2.0, 2.2, 2.6], [1.0, 1.0, 1.3]
+    for seed in range(3):
+        for algo, step_time_s in (("recompute", recompute_step[seed]), ("loglinear", loglinear_step[seed])):
+            records = flat_records(4, time__step=step_time_s, time__step_cpu=step_time_s)
+            for record in records:  # wall time (with a long eval) would give another answer
+                record["wall_time"] = 100.0 * (record["step"] + 1)
+            dump_run(root, f"{algo}-d2-s{seed}", timing_config(algo, seed), records)
+    row = one(summary.summary_table(load_runs(root)), label="loglinear", staleness=2)
+    ratios = np.divide(recompute_step, loglinear_step)
+    half = t_quantile(0.975, 2) * np.std(ratios, ddof=1) / np.sqrt(3)
+    assert row["speedup_vs_recompute"] == pytest.approx(ratios.mean())
+    assert (row["speedup_ci_low"], row["speedup_ci_high"]) == pytest.approx((ratios.mean() - half,
+                                                                             ratios.mean() + half))
+    assert row["speedup_cpu_vs_recompute"] == pytest.approx(ratios.mean())
+    assert row["train_time_s_mean"] == pytest.approx(4 * np.mean(loglinear_step))
+
+
+def test_async_staleness_reached(tmp_path):
+    root = tmp_path / "async"
+    config = {"experiment_name": "async", "algo": {"name": "loglinear"}, "staleness": 4, "seed": 0,
+              "runtime": {"name": "async", "max_staleness": 4}, "train": {"total_steps": 8}}
+    means, maxes = [0, 1, 1.5, 2, 2.5, 3, 2.0, 3.5], [0, 1, 2, 3, 4, 4, 3, 4]
+    dump_run(root, "loglinear-d4-s0", config, flat_records(8, staleness__mean=lambda t: means[t],
+                                                          staleness__max=lambda t: maxes[t], reward__mean=0.5))
+    dump_run(root, "loglinear-d4-s1", {**config, "seed": 1, "runtime": {"name": "async", "max_staleness": 2}},
+             flat_records(8, staleness__mean=lambda t: means[t], staleness__max=lambda t: maxes[t]))
+    scalars = run_scalars(load_runs(root)).set_index("run")
+    row = scalars.loc["loglinear-d4-s0"]
+    assert row["label"] == "loglinear (async)" and row["runtime"] == "async"
+    assert row["staleness_reached_mean"] == pytest.approx(np.mean(means[4:]))  # 2.75
+    assert row["staleness_reached_max"] == 4
+    bound_two = scalars.loc["loglinear-d4-s1"]  # the ramp follows the bound, not the staleness knob
+    assert bound_two["steady_steps"] == 6 and bound_two["staleness_reached_mean"] == pytest.approx(np.mean(means[2:]))
+    table = summary.summary_table(load_runs(root))
+    assert list(table["label"]) == ["loglinear (async)"] and table["runtime"].iloc[0] == "async"
+
+
+def test_modules_and_functions_stay_small():
+    """analysis/ stays readable: modules under 400 lines, functions under 60."""
+    import ast
+
+    for path in sorted((REPO_ROOT / "analysis").glob("*.py")):
+        source = path.read_text()
+        assert source.count("\n") < 400, path
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                assert node.end_lineno - node.lineno + 1 < 60, f"{path.name}:{node.name}"
 
 
 # --- CLI and notebook -----------------------------------------------------------------
