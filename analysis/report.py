@@ -1,0 +1,184 @@
+"""The claims report: a sweep's verdict on each of the A-3PO paper's claims, as markdown.
+
+    python -m analysis.report SWEEP_DIR [MORE_DIRS...] --out docs/results.md [--figures-dir docs/results]
+
+writes one markdown file: where the numbers come from (runs, steps, seeds, the settings
+that matter, compute spent, contention), how verdicts are decided (`analysis.claims`), one
+claims table per context (staleness level, plus runtime/correction/objective where they
+differ from the paper's setup), the figures (small PNGs only, linked relatively, so the
+file renders on GitHub and the repository stays small) and the full summary table. A claim
+the sweep cannot judge says so and why; nothing is left out silently.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analysis.claims import evaluate_claims
+from analysis.claims import __doc__ as CLAIMS_DOC
+from analysis.figures import make_figures
+from analysis.identity import lookup
+from analysis.load import NoRunsError, load_configs, load_runs
+from analysis.markdown import fmt, markdown_table
+from analysis.plotting import SaveOptions
+from analysis.scalars import run_scalars
+from analysis.summary import summary_markdown, summary_table
+
+log = logging.getLogger("analysis.report")
+
+REPORT_FIGURES = SaveOptions(formats=("png",), dpi=80)
+
+# The settings a reader needs to know to compare this sweep with the paper.
+PROVENANCE_KEYS = [
+    ("model", "model.name"), ("model path", "model.path"), ("task", "task.name"), ("task level", "task.level"),
+    ("prompts per step", "train.n_prompts"), ("samples per prompt", "train.n_samples"), ("lr", "train.lr"),
+    ("max new tokens", "rollout.max_new_tokens"), ("rollout engine", "rollout.name"),
+    ("minibatches per step", "train.n_minibatches"),
+    ("token budget", "train.token_budget"), ("total steps", "train.total_steps"), ("device", "device"),
+]
+
+
+def _values(configs: Mapping[Any, Mapping[str, Any]], dotted: str) -> str:
+    """The distinct values of a setting across runs, with how many runs have each."""
+    counts = Counter(str(lookup(config, dotted, "(unset)")) for config in configs.values())
+    if len(counts) == 1:
+        return next(iter(counts))
+    return ", ".join(f"{value} ({n} runs)" for value, n in sorted(counts.items()))
+
+
+def _compute_lines(scalars: pd.DataFrame) -> list[str]:
+    total_train, total_wall = scalars["train_time_s"].sum(), scalars["wall_time_s"].sum()
+    with_cpu = scalars[~scalars["cpu_missing"]]
+    cpu = f"{fmt(with_cpu['cpu_time_s'].sum() / 3600, 3)} h over {len(with_cpu)} runs" if len(with_cpu) else "not logged"
+    flagged = scalars[scalars["contended"]]
+    names = ", ".join(sorted(flagged["run"])[:10]) + (" ..." if len(flagged) > 10 else "")
+    lines = [f"- compute: training time (sum of time/step) {fmt(total_train / 3600, 3)} h; CPU time {cpu}; "
+             f"wall time at the last step, summed over runs, {fmt(total_wall / 3600, 3)} h",
+             f"- contention (wall/CPU > 1.25, under 0.8 of a core): {len(flagged)} of {len(scalars)} runs"
+             + (f" ({names})" if len(flagged) else "")]
+    if scalars["cpu_missing"].any():
+        lines.append(f"- CPU time missing (logs without time/step_cpu): {int(scalars['cpu_missing'].sum())} runs")
+    return lines
+
+
+def provenance(sources: Sequence[Path], scalars: pd.DataFrame, configs: Mapping[Any, Mapping[str, Any]]) -> str:
+    """Where the numbers come from: sources, runs, steps, seeds, settings, compute."""
+    incomplete = int((~scalars["complete"].astype(bool)).sum())
+    used = {key: config for key, config in configs.items() if key in set(zip(scalars["experiment"], scalars["run"]))}
+    lines = [
+        f"- sources: {', '.join(f'`{s}`' for s in sources)}",
+        f"- runs: {len(scalars)} ({incomplete} incomplete, counted up to their last step); experiments: "
+        f"{', '.join(sorted(set(scalars['experiment'])))}",
+        f"- labels: {', '.join(sorted(set(scalars['label'])))}",
+        f"- staleness levels: {', '.join(str(d) for d in sorted(set(scalars['staleness'])))}; seeds: "
+        f"{', '.join(str(s) for s in sorted(set(scalars['seed'])))}",
+        f"- steps logged per run: {scalars['n_steps'].min()} to {scalars['n_steps'].max()}",
+    ]
+    runtimes = Counter(scalars["runtime"])
+    lines.append("- runtime: " + ", ".join(f"{name} ({n} runs)" for name, n in sorted(runtimes.items())))
+    lines += [f"- {name}: {_values(used, key)}" for name, key in PROVENANCE_KEYS]
+    return "\n".join(lines + _compute_lines(scalars))
+
+
+def claims_markdown(claims: pd.DataFrame) -> str:
+    """One table per context; verdicts in bold so they can be scanned."""
+    if claims.empty:
+        return ("No context has both loglinear and recompute runs (with the default schedule), so no claim "
+                "can be judged from these runs. The summary table below still reports what was measured.")
+    headers = ["claim", "paper", "coupled", "recompute", "loglinear", "loglinear vs recompute [95% CI]",
+               "verdict", "notes"]
+    parts = []
+    for context, rows in claims.groupby("context", sort=False):
+        table = [[f"({r.claim}) {r.title}", r.paper, r.coupled, r.recompute, r.loglinear, r.effect,
+                  f"**{r.verdict}**", r.note] for r in rows.itertuples(index=False)]
+        parts += [f"### {context}", "", markdown_table(headers, table, numeric_from=99), ""]
+    return "\n".join(parts)
+
+
+def figures_markdown(paths: Sequence[Path], relative_to: Path) -> str:
+    lines = []
+    for path in paths:
+        if path.suffix == ".png":
+            link = Path(os.path.relpath(path, relative_to)).as_posix()
+            lines += [f"![{path.stem}]({link})", ""]
+    return "\n".join(lines) if lines else "No figure could be drawn from these runs."
+
+
+def _rule_text() -> str:
+    """The verdict rule, from `analysis.claims`' docstring (one definition, two readers)."""
+    body = CLAIMS_DOC.split("Effect and its interval.", 1)[1]
+    return "Effect and its interval." + body.rstrip()
+
+
+def build_report(sources: Sequence[Path], df: pd.DataFrame, configs: Mapping[Any, Mapping[str, Any]],
+                 figure_paths: Sequence[Path], out: Path, command: str) -> str:
+    scalars = run_scalars(df)
+    claims = evaluate_claims(df, scalars)
+    verdicts = Counter(v.split(" (")[0] for v in claims["verdict"]) if len(claims) else Counter()
+    tally = ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())) or "none judged"
+    return "\n".join([
+        "# A-3PO's claims, checked against this sweep", "",
+        f"Generated by `{command}`; regenerate rather than edit. Verdicts: {tally}.", "",
+        "## Provenance", "", provenance(sources, scalars, configs), "",
+        "## How a verdict is decided", "",
+        "Each claim compares loglinear (A-3PO) with recompute at the same staleness d (and correction, "
+        "objective, runtime), both with the default schedule; coupled is shown for reference. Values: mean ± "
+        "95% CI half-width over seeds (Student t; `(n=1)`: one seed, no interval).", "",
+        _rule_text(), "",
+        "## Claims", "", claims_markdown(claims), "",
+        "## Figures", "", figures_markdown(figure_paths, out.parent), "",
+        summary_markdown(summary_table(df)).replace("## This sweep", "## Summary table", 1),
+    ])
+
+
+def write_report(sources: Sequence[str | Path], out: str | Path, figures_dir: str | Path | None = None,
+                 command: str | None = None) -> tuple[str, list[Path]]:
+    """Load the runs below `sources`, write the figures (PNG) and the report; returns the
+    markdown and every path written."""
+    sources = [Path(s) for s in sources]
+    out = Path(out)
+    figures_dir = Path(figures_dir) if figures_dir else out.parent / out.stem
+    df = load_runs(sources)
+    configs = load_configs(sources)
+    figure_paths = make_figures(df, figures_dir, options=REPORT_FIGURES)
+    command = command or "python -m analysis.report " + " ".join(str(s) for s in sources) + f" --out {out}"
+    markdown = build_report(sources, df, configs, figure_paths, out, command)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(markdown + "\n", encoding="utf-8")
+    return markdown, [*figure_paths, out]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("sweep_dirs", nargs="+", type=Path, help="sweep or run directories (searched recursively)")
+    parser.add_argument("--out", type=Path, default=None, help="markdown file (default: <first SWEEP_DIR>/results.md)")
+    parser.add_argument("--figures-dir", type=Path, default=None,
+                        help="where the PNGs go (default: beside --out, named after it: docs/results.md -> docs/results)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    out = args.out or args.sweep_dirs[0] / "results.md"
+    shown = " ".join(str(s) for s in args.sweep_dirs) + f" --out {out}"
+    if args.figures_dir:
+        shown += f" --figures-dir {args.figures_dir}"
+    try:
+        _, written = write_report(args.sweep_dirs, out, args.figures_dir, command=f"python -m analysis.report {shown}")
+    except NoRunsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print("files written:")
+    for path in written:
+        print(f"  {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
