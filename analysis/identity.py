@@ -103,8 +103,9 @@ def _segment(segments: list[str], name: str) -> str | None:
     return None
 
 
-def _strip_tail(run: str, staleness: Any, seed: Any) -> tuple[str, str] | None:
-    """(label part, variant part) of a trainer-made run name, or None for a custom one."""
+def _strip_tail(run: str, staleness: Any, seed: Any) -> str | None:
+    """The label part of a trainer-made run name (before `-d<D>-s<seed>`), or None for a
+    custom name or one whose d and seed disagree with the config."""
     match = re.fullmatch(r"(?P<label>.+)-d(?P<d>\d+)-s(?P<s>\d+)", run)
     if not match:
         return None
@@ -112,7 +113,7 @@ def _strip_tail(run: str, staleness: Any, seed: Any) -> tuple[str, str] | None:
         return None
     if seed is not None and int(match["s"]) != int(seed):
         return None
-    return match["label"], f"{match['label']}-d{match['d']}"
+    return match["label"]
 
 
 def _fields(config: Mapping[str, Any], run: str) -> dict[str, str]:
@@ -160,9 +161,10 @@ def run_identity(config: Mapping[str, Any], fallback_name: str, fallback_experim
 
     `label` groups runs over seeds and names curves; `variant` is the label plus the
     staleness (the run name without `-s<seed>`). Async runs carry " (async)" in both, so an
-    async run is never averaged with a lagged one. `max_staleness` is the D whose first D
-    steps are ramp-up: the exact staleness of a lagged run, `runtime.max_staleness` (the
-    bound) of an async one.
+    async run is never averaged with a lagged one, and their `staleness` is the bound
+    `runtime.max_staleness`. `max_staleness` is the D whose first D steps are ramp-up: the
+    exact staleness of a lagged run, the bound of an async one (the same number as
+    `staleness`, kept under its own name for the steady-state filter).
     """
     run = str(lookup(config, "run_name") or fallback_name)
     named = re.fullmatch(r".+-d(\d+)-s(\d+)", run)
@@ -172,10 +174,14 @@ def run_identity(config: Mapping[str, Any], fallback_name: str, fallback_experim
     fields = _fields(config, run)
     runtime = str(lookup(config, "runtime.name") or DEFAULT_RUNTIME)
     staleness = _int_or(staleness, -1)
-    label, variant = tail if tail else (built_label(fields), f"{built_label(fields)}-d{staleness}")
+    label = tail or built_label(fields)
     if runtime == "async":
-        label, variant = label + ASYNC_SUFFIX, variant + ASYNC_SUFFIX
-    max_staleness = _int_or(lookup(config, "runtime.max_staleness"), staleness) if runtime == "async" else staleness
+        # grouped by the bound, which is what the async runtime obeys; it follows the
+        # top-level staleness unless overridden, and then the run name's d is not the bound
+        staleness = _int_or(lookup(config, "runtime.max_staleness"), staleness)
+        label += ASYNC_SUFFIX
+    variant = f"{label.removesuffix(ASYNC_SUFFIX)}-d{staleness}" + (ASYNC_SUFFIX if runtime == "async" else "")
+    max_staleness = staleness
     total_steps = lookup(config, "train.total_steps")
     return {
         "run": run,

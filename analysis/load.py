@@ -60,13 +60,22 @@ class RunSkippedWarning(UserWarning):
 
 
 def add_labels(df: pd.DataFrame) -> pd.DataFrame:
-    """The frame with a `label` column. Frames from `load_runs`/`load_wandb` already carry
-    one (from the run name, with every parameter); a frame built by hand with only `algo`
-    and `schedule` gets `<algo>[-<schedule>]`."""
-    if "label" in df.columns:
+    """The frame with every identity column. Frames from `load_runs`/`load_wandb` already
+    carry them; a frame built by hand with only `algo`, `schedule` and `staleness` gets
+    the label `<algo>[-<schedule>]` and the defaults (no correction, ppo, lagged)."""
+    if set(IDENTITY_COLUMNS) <= set(df.columns):
         return df
     out = df.copy()
-    out["label"] = [label(a, s) for a, s in zip(out["algo"], out["schedule"])] if len(out) else []
+    if "label" not in out.columns:
+        out["label"] = [label(a, s) for a, s in zip(out["algo"], out["schedule"])] if len(out) else []
+    defaults = {"correction": "none", "objective": "ppo", "runtime": "lagged", "experiment": ""}
+    for column, value in defaults.items():
+        if column not in out.columns:
+            out[column] = value
+    if "max_staleness" not in out.columns:
+        out["max_staleness"] = out["staleness"]
+    if "variant" not in out.columns:
+        out["variant"] = out["label"] + "-d" + out["staleness"].astype(str)
     return out
 
 
@@ -147,9 +156,12 @@ def tidy_run(identity: Mapping[str, Any], records: Iterable[Mapping[str, Any]]) 
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl; a line that does not parse (a run killed
-    mid-write leaves a truncated last line) is skipped with a warning naming it."""
-    records = []
+    """The records of a metrics.jsonl ([] when there is none yet); a line that does not
+    parse (a run killed mid-write leaves a truncated last line) is skipped with a warning
+    naming it."""
+    records: list[dict[str, Any]] = []
+    if not Path(path).is_file():
+        return records
     with open(path, encoding="utf-8") as handle:
         for line_number, line in enumerate(handle, start=1):
             if not line.strip():

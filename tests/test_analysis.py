@@ -682,10 +682,12 @@ def test_async_staleness_reached(tmp_path):
     assert row["label"] == "loglinear (async)" and row["runtime"] == "async"
     assert row["staleness_reached_mean"] == pytest.approx(np.mean(means[4:]))  # 2.75
     assert row["staleness_reached_max"] == 4
-    bound_two = scalars.loc["loglinear-d4-s1"]  # the ramp follows the bound, not the staleness knob
+    bound_two = scalars.loc["loglinear-d4-s1"]  # grouped and ramped by the bound, not the staleness knob
+    assert (bound_two["staleness"], bound_two["variant"]) == (2, "loglinear-d2 (async)")
     assert bound_two["steady_steps"] == 6 and bound_two["staleness_reached_mean"] == pytest.approx(np.mean(means[2:]))
     table = summary.summary_table(load_runs(root))
-    assert list(table["label"]) == ["loglinear (async)"] and table["runtime"].iloc[0] == "async"
+    assert list(table["label"]) == ["loglinear (async)"] * 2 and list(table["staleness"]) == [2, 4]
+    assert set(table["runtime"]) == {"async"} and list(table["n_seeds"]) == [1, 1]
 
 
 def test_modules_and_functions_stay_small():
