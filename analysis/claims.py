@@ -24,6 +24,8 @@ Verdict.
 - The equivalence claim (c, reward within 2%): "holds" when the interval of the relative
   difference lies inside [-2%, +2%], "does not hold" when it lies entirely outside
   (entirely below -2% or entirely above +2%), "inconclusive (CI crosses ±2%)" otherwise.
+- Effects within float32 resolution (1e-6 of the quantity's size; 1e-6 on the log scale
+  for ratios) count as 0, so rounding noise repeated by every seed is not an effect.
 - With fewer than two seeds on either side there is no interval: "inconclusive (fewer than
   2 seeds)". A metric with no value on either side (not logged, or a run with no step
   >= d): "not judged (...)" naming what is missing.
@@ -54,6 +56,10 @@ INCONCLUSIVE_SIGN = "inconclusive (CI of the difference includes 0)"
 INCONCLUSIVE_BAND = "inconclusive (CI crosses ±2%)"
 INCONCLUSIVE_SEEDS = "inconclusive (fewer than 2 seeds)"
 ALGOS = ["coupled", "recompute", "loglinear"]
+# Metrics are float32 on the trainer's side: two runs whose per-step values differ by one
+# float32 ulp (IW max 1.0 vs 1.0000009) show a "difference" with a zero-width interval when
+# every seed repeats it. Effects within this fraction of the quantity's size count as 0.
+RESOLUTION = 1e-6
 
 
 @dataclass(frozen=True)
@@ -94,13 +100,13 @@ CLAIMS = [
 ]
 
 
-def verdict(interval: Interval, sign: int, margin: float = 0.0) -> str:
-    """The verdict of an effect's interval under the module's rule."""
+def verdict(interval: Interval, sign: int, margin: float = 0.0, resolution: float = 0.0) -> str:
+    """The verdict of an effect's interval under the module's rule; for direction claims,
+    bounds within `resolution` of 0 count as 0 (see `RESOLUTION`)."""
     if interval.n == 0 or not np.isfinite(interval.mean):
         return "not judged (no value)"
     if not interval.known:
         return INCONCLUSIVE_SEEDS
-    tolerance = 1e-12 * max(1.0, abs(interval.mean))  # rounding noise is not an effect
     if sign == 0:
         if -margin <= interval.low and interval.high <= margin:
             return HOLDS
@@ -108,9 +114,9 @@ def verdict(interval: Interval, sign: int, margin: float = 0.0) -> str:
             return FAILS
         return INCONCLUSIVE_BAND
     low, high = sorted([sign * interval.low, sign * interval.high])
-    if low > tolerance:
+    if low > resolution:
         return HOLDS
-    if high < -tolerance:
+    if high < -resolution:
         return FAILS
     return INCONCLUSIVE_SIGN
 
@@ -174,10 +180,14 @@ def judge(claim: Claim, rows: pd.DataFrame) -> dict:
                       note="", effect_mean=math.nan, effect_low=math.nan, effect_high=math.nan)
         return record
     interval, how, problem = effect_interval(claim, ours, base)
-    judged = f"not judged ({problem})" if problem else verdict(interval, claim.sign, claim.margin)
-    record.update(effect=shown(claim, interval) if not problem else "n/a", verdict=judged,
-                  note=_notes(claim, rows, how, interval), effect_mean=interval.mean, effect_low=interval.low,
-                  effect_high=interval.high)
+    size = max(abs(np.mean(list(ours.values()))), abs(np.mean(list(base.values())))) \
+        if claim.effect == "difference" else 1.0
+    judged = f"not judged ({problem})" if problem else verdict(interval, claim.sign, claim.margin, RESOLUTION * size)
+    note = _notes(claim, rows, how, interval)
+    if not problem and interval.mean != 0 and max(abs(interval.low), abs(interval.high)) <= RESOLUTION * size:
+        note += "; within float32 resolution: counted as 0"
+    record.update(effect=shown(claim, interval) if not problem else "n/a", verdict=judged, note=note,
+                  effect_mean=interval.mean, effect_low=interval.low, effect_high=interval.high)
     return record
 
 

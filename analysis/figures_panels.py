@@ -114,7 +114,7 @@ def fig2_reward_wallclock(df: pd.DataFrame, out_dir: str | Path, options: SaveOp
             curve = subset[subset["label"] == name]
             band(ax, curve["train_time_s"] / divisor, curve["mean"], curve["min"], curve["max"], name, colours,
                  len(curve))
-        ax.set_title(f"staleness d = {staleness}")
+        ax.set_title(f"reward vs training time, d = {staleness}" if single else f"staleness d = {staleness}")
         ax.set_xlabel(f"training time ({unit}, sum of time/step)")
         if col == 0:
             ax.set_ylabel("reward (mean per step)")

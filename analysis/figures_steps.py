@@ -32,7 +32,8 @@ from analysis.plotting import (
 
 def _staleness_grid(n_rows: int, staleness_levels: Sequence[int], height: float = 3.2) -> tuple[Figure, np.ndarray]:
     n_cols = len(staleness_levels)
-    fig = Figure(figsize=(2.0 + 3.6 * n_cols, 0.6 + height * n_rows), layout="constrained")
+    # at least 7 inches wide: a single column leaves the title and the legend no room otherwise
+    fig = Figure(figsize=(max(7.0, 2.0 + 3.6 * n_cols), 0.6 + height * n_rows), layout="constrained")
     axes = fig.subplots(n_rows, n_cols, squeeze=False, sharex=True, sharey="row")
     return fig, axes
 
@@ -102,10 +103,11 @@ def fig1_prox_time(df: pd.DataFrame, out_dir: str | Path, options: SaveOptions =
     """Paper Fig. 1: the per-step cost of the proximal log-probs, on a log axis because
     A-3PO's interpolation and recompute's forward pass differ by orders of magnitude.
 
-    Coupled is NOT drawn in practice: its proximal log-probs are the behaviour log-probs
-    themselves, so its logged time is 0 (or a copy's few microseconds), and 0 cannot go on a
-    log axis. Non-positive values are left out (the log says how many); a label with no
-    positive value at all is named in the title as not drawn.
+    Coupled is drawn where its logged time is positive: its proximal log-probs are the
+    behaviour log-probs themselves, so its time is a copy's few microseconds (the floor of
+    the axis, not a cost) or exactly 0. Zeros cannot go on a log axis and are left out (the
+    log says how many); a label with no positive value at all is named in the title as not
+    drawn.
     """
     return step_figure(df, Path(out_dir), "fig1_prox_time", "Proximal log-prob computation time per step",
                        [("time/prox_logp", "prox logp time per step (s, log scale)")], log_y=True, options=options)

@@ -66,6 +66,12 @@ def test_direction_verdicts(interval, sign, expected):
     assert claims.verdict(interval, sign) == expected
 
 
+def test_float32_noise_is_not_an_effect():
+    ulp = Interval(9.54e-7, 9.54e-7, 9.54e-7, 3)  # IW max 1.0 vs 1.0000009 on every seed
+    assert claims.verdict(ulp, -1) == claims.FAILS
+    assert claims.verdict(ulp, -1, resolution=claims.RESOLUTION * 1.0) == claims.INCONCLUSIVE_SIGN
+
+
 @pytest.mark.parametrize("low, high, expected", [
     (-0.015, 0.01, claims.HOLDS),
     (-0.05, -0.03, claims.FAILS),
