@@ -28,7 +28,7 @@ import pandas as pd
 from analysis.figures_corrections import corrections_panel
 from analysis.figures_panels import approx_error, fig2_reward_wallclock, staleness_panel
 from analysis.figures_steps import fig1_prox_time, fig3_entropy, fig4_importance_weight, fig5_clipped_tokens
-from analysis.load import NoRunsError, load_runs, load_wandb
+from analysis.load import NoRunsError, disambiguate, load_runs, load_wandb
 from analysis.plotting import DEFAULT_SAVE, PALETTE, SaveOptions, colour, colour_map, linestyle  # noqa: F401
 from analysis.summary import write_summary
 
@@ -54,6 +54,24 @@ def make_figures(df: pd.DataFrame, out_dir: str | Path, options: SaveOptions = D
     return written
 
 
+def load_sources(sweep_dirs: Sequence[Path], wandb_project: str | None = None,
+                 wandb_entity: str | None = None) -> pd.DataFrame:
+    """Local runs and a wandb project's runs in one frame. A run found in both (the same
+    experiment and run name: the local directory and its wandb copy) is taken from the
+    local directory only, so it is not counted twice."""
+    local = load_runs(sweep_dirs) if sweep_dirs else None
+    if not wandb_project:
+        return local
+    remote = load_wandb(wandb_project, entity=wandb_entity)
+    if local is None:
+        return remote
+    keys = set(zip(local["experiment"], local["run"]))
+    copies = [(e, r) in keys for e, r in zip(remote["experiment"], remote["run"])]
+    if any(copies):
+        log.info("%d wandb runs also found locally: the local copies are used", remote[copies]["run"].nunique())
+    return disambiguate(pd.concat([local, remote[[not c for c in copies]]], ignore_index=True))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m analysis.figures",
@@ -69,16 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.sweep_dirs and not args.wandb_project:
         parser.error("give at least one SWEEP_DIR or --wandb-project")
 
-    frames = []
     try:
-        if args.sweep_dirs:
-            frames.append(load_runs(args.sweep_dirs))
-        if args.wandb_project:
-            frames.append(load_wandb(args.wandb_project, entity=args.wandb_entity))
+        df = load_sources(args.sweep_dirs, args.wandb_project, args.wandb_entity)
     except NoRunsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    df = pd.concat(frames, ignore_index=True)
 
     out_dir = args.out or (args.sweep_dirs[0] / "figures" if args.sweep_dirs else Path(f"figures-{args.wandb_project}"))
     written = make_figures(df, out_dir)

@@ -320,6 +320,18 @@ def test_load_wandb_with_a_fake_api(monkeypatch, sweep):
     assert not other["complete"].any()  # 3 of 5 steps
 
 
+def test_local_run_and_its_wandb_copy_count_once(monkeypatch, sweep):
+    config = {"run_name": "loglinear-d2-s1", "experiment_name": "synthetic", "staleness": 2, "seed": 1,
+              "algo": {"name": "loglinear", "uses_schedule": True}, "schedule": {"name": "inverse"},
+              "train": {"total_steps": TOTAL_STEPS}}
+    copy = FakeRun("copy", config, [{**record("loglinear", 2, 1, t), "reward/mean": 99.0} for t in range(3)])
+    import wandb
+
+    monkeypatch.setattr(wandb, "Api", lambda *args, **kwargs: FakeApi([copy]))
+    df = figures.load_sources([sweep], "a3po")
+    assert df["run"].nunique() == 15 and not (df["value"] == 99.0).any()  # the local copy is kept
+
+
 # --- figures --------------------------------------------------------------------------
 
 FIGURE_STEMS = ["fig1_prox_time", "fig2_reward_wallclock", "fig3_entropy", "fig4_importance_weight",
