@@ -46,8 +46,27 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any]) -> Path:
 
 
 def load_checkpoint(run_dir: Path) -> dict[str, Any] | None:
+    """The run's resume state, or None. A file that cannot be read (a copy cut short, a full
+    disk) is a ConfigError naming it and the choice, not torch's zip-reader traceback."""
     path = checkpoint_path(run_dir)
     if not path.exists():
         return None
-    # Our own file: it holds the runtime's queued batches (dataclasses), not only tensors.
-    return torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        # Our own file: it holds the runtime's queued batches (dataclasses), not only tensors.
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError... by damage
+        from a3po.errors import ConfigError
+
+        raise ConfigError(
+            f"the checkpoint {path} cannot be read ({type(err).__name__}: {str(err).splitlines()[0]}); "
+            "delete it to restart this run from step 0, or restore it from a copy"
+        ) from None
+
+
+def remove_checkpoint(run_dir: Path) -> None:
+    """A finished run needs no resume state: model + AdamW moments are ~12 bytes a parameter."""
+    path = checkpoint_path(run_dir)
+    path.unlink(missing_ok=True)
+    path.with_suffix(".pt.tmp").unlink(missing_ok=True)
+    if path.parent.exists() and not any(path.parent.iterdir()):
+        path.parent.rmdir()

@@ -109,6 +109,13 @@ def validate_config(cfg: DictConfig) -> None:
     _require(_is_number(train.grad_clip) and train.grad_clip > 0, "train.grad_clip", train.grad_clip, "it must be > 0")
     for key in ("eval_every", "checkpoint_every"):
         _require(_is_int(train[key]) and train[key] >= 0, f"train.{key}", train[key], "it must be an integer >= 0 (0 disables)")
+    _require(_is_number(train.adv_eps) and train.adv_eps > 0, "train.adv_eps", train.adv_eps, "it must be > 0")
+    for key in ("adv_norm_std", "adv_std_unbiased", "adv_batch_norm", "keep_checkpoint", "save_final_model"):
+        _require(isinstance(train[key], bool), f"train.{key}", train[key], "it must be true or false")
+    from a3po.rundir import ON_CONFIG_CHANGE
+
+    _require(cfg.on_config_change in ON_CONFIG_CHANGE, "on_config_change", cfg.on_config_change,
+             f"allowed: {list(ON_CONFIG_CHANGE)}")
     _require(train.max_steps_this_run is None or (_is_int(train.max_steps_this_run) and train.max_steps_this_run >= 1),
              "train.max_steps_this_run", train.max_steps_this_run, "it must be an integer >= 1, or null")
 

@@ -43,10 +43,16 @@ def _jsonable(value: Any) -> Any:
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: Path, cfg: DictConfig, start_step: int) -> None:
+    def __init__(self, run_dir: Path, cfg: DictConfig, start_step: int, pending: dict[str, Any] | None = None) -> None:
+        """Keeps the lines of steps before `start_step`. `pending` is the record the resume
+        checkpoint carries (the step it was written after): a run that died between writing
+        the checkpoint and logging that step gets the line back, with its checkpoint time
+        unknown (null)."""
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         kept = [r for r in read_metrics(self.path) if r.get("step", math.inf) < start_step]
+        if pending is not None and pending.get("step") == start_step - 1 and not any(r.get("step") == start_step - 1 for r in kept):
+            kept.append({**pending, "time/checkpoint": None})
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
         tmp.replace(self.path)

@@ -7,10 +7,13 @@ of staleness from the noise of real asynchrony. It holds at most D + 1 batches.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from typing import Callable
 
 from a3po.trainer import RolloutBatch
+
+log = logging.getLogger(__name__)
 
 
 class LaggedRuntime:
@@ -31,10 +34,12 @@ class LaggedRuntime:
         """
         while self.next_to_generate < self.total_steps and self.generation_version(self.next_to_generate) <= version:
             if self.generation_version(self.next_to_generate) != version:
-                raise RuntimeError(
-                    f"lagged runtime: batch for step {self.next_to_generate} is due at version "
-                    f"{self.generation_version(self.next_to_generate)} but the policy is at {version}"
-                )
+                # Only after `train.total_steps` grew on resume: the batches past the old end
+                # were never generated at their due versions, so they are generated now.
+                log.warning("lagged runtime: the batch for step %d was due at version %d and is generated at "
+                            "version %d (the run was extended): its staleness is below %d",
+                            self.next_to_generate, self.generation_version(self.next_to_generate), version,
+                            self.staleness)
             self.queue.append(self.produce(self.next_to_generate))
             self.next_to_generate += 1
         batch = self.queue.popleft()

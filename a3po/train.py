@@ -18,10 +18,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from a3po.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from a3po.checkpoint import load_checkpoint, remove_checkpoint, rng_state, save_checkpoint, set_rng_state
 from a3po.config import validate_config
+from a3po.errors import ConfigError
 from a3po.logging import MetricsLogger
 from a3po.preemption import GracefulStop
+from a3po.rundir import claim_run_dir, finished_steps, mark_finished
 from a3po.timer import PhaseTimer
 from a3po.trainer import RolloutBatch, Sample, Trainer
 
@@ -44,8 +46,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        from a3po.errors import ConfigError
-
         raise ConfigError("device='cuda' is not allowed on this machine: no CUDA device is visible; use device=auto or cpu")
     return torch.device(name)
 
@@ -120,25 +120,64 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    """Train; return the last step's metrics (empty if the run had already finished)."""
+def _restore(checkpoint: dict[str, Any] | None, policy, trainer: Trainer, runtime) -> tuple[int, float]:
+    """Load a resume checkpoint into the run's parts; (next step, wall seconds so far)."""
+    if checkpoint is None:
+        return 0, 0.0
+    policy.load_state_dict(checkpoint["model"])
+    trainer.optimizer.load_state_dict(checkpoint["optimizer"])
+    runtime.load_state_dict(checkpoint["runtime"])
+    set_rng_state(checkpoint["rng"])
+    return checkpoint["step"], checkpoint["wall_time"]
+
+
+def _already_finished(run_dir: Path, checkpoint: dict[str, Any] | None, total_steps: int) -> bool:
+    """True when the run in `run_dir` has all `total_steps`; a finished run whose resume state
+    was removed cannot be extended, and says so."""
+    done = finished_steps(run_dir)
+    if done is None and checkpoint is not None:
+        done = checkpoint["step"] if checkpoint["step"] >= total_steps else None
+    if done is None:
+        return False
+    if done >= total_steps:
+        return True
+    if checkpoint is None:
+        raise ConfigError(
+            f"train.total_steps={total_steps} is not allowed here: the run in {run_dir} finished at {done} steps "
+            "and its resume checkpoint was removed (train.keep_checkpoint=false), so it cannot be extended; "
+            "run it with on_config_change=restart to start afresh, or keep checkpoints next time"
+        )
+    return False
+
+
+def _finish(run_dir: Path, cfg: DictConfig, policy, tokenizer, steps: int, wall_time: float) -> None:
+    """Final weights (if asked), the completion marker, then the resume state goes."""
+    if cfg.train.save_final_model:
+        policy.save_pretrained(run_dir / "final_model", safe_serialization=True)
+        tokenizer.save_pretrained(run_dir / "final_model")
+    mark_finished(run_dir, steps, wall_time)
+    if not cfg.train.keep_checkpoint:
+        remove_checkpoint(run_dir)
+
+
+def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
+    """Train in `run_dir` (Hydra's output directory; default output_root/experiment_name/run_name).
+    Returns the last step's metrics (empty if the run had already finished)."""
     validate_config(cfg)  # before anything heavy loads
     from a3po.models import load_policy
     from a3po.rollout import build_engine
     from a3po.tasks import build_task
 
-    run_dir = run_dir_of(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    run_dir = Path(run_dir) if run_dir is not None else run_dir_of(cfg)
+    claim_run_dir(run_dir, cfg)
     checkpoint = load_checkpoint(run_dir)
-    total_steps = cfg.train.total_steps
-    if checkpoint is not None and checkpoint["step"] >= total_steps:
-        log.info("%s already finished (%d steps); nothing to do", run_dir, total_steps)
+    if _already_finished(run_dir, checkpoint, cfg.train.total_steps):
+        log.info("%s already finished (%d steps); nothing to do", run_dir, cfg.train.total_steps)
         return {}
 
     device = resolve_device(cfg.device)
     _seed_everything(cfg.seed)
-    timer = PhaseTimer(device, always=("rollout", "prox_logp", "train", "weight_sync"))
+    timer = PhaseTimer(device, always=("rollout", "prox_logp", "train", "weight_sync", "eval"))
     task = build_task(cfg.task, cfg.seed)
     policy, tokenizer = load_policy(cfg.model, device=device, seed=cfg.seed)
     engine = build_engine(cfg.rollout, policy, tokenizer, device)
@@ -148,53 +187,79 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     producer = RolloutProducer(cfg, task, tokenizer, engine, timer)
     runtime = build_runtime(cfg, producer)
     engine = producer.engine  # the async runtime gives rollout an engine with its own copy of the weights
-
-    start_step, wall_offset = 0, 0.0
+    start_step, wall_offset = _restore(checkpoint, policy, trainer, runtime)
     if checkpoint is not None:
-        policy.load_state_dict(checkpoint["model"])
-        trainer.optimizer.load_state_dict(checkpoint["optimizer"])
-        runtime.load_state_dict(checkpoint["runtime"])
-        set_rng_state(checkpoint["rng"])
-        start_step, wall_offset = checkpoint["step"], checkpoint["wall_time"]
         log.info("resuming %s from step %d", run_dir, start_step)
     engine.update_weights(policy, start_step)
+    logger = MetricsLogger(run_dir, cfg, start_step, pending=checkpoint.get("record") if checkpoint else None)
+    try:
+        return _train_loop(cfg, run_dir, start_step, wall_offset, timer, policy, tokenizer, engine, trainer,
+                           producer, runtime, logger)
+    finally:
+        runtime.close()
+        engine.close()
 
-    def state(next_step: int, wall_time: float) -> dict[str, Any]:
-        return {"model": policy.state_dict(), "optimizer": trainer.optimizer.state_dict(), "step": next_step,
-                "runtime": runtime.state_dict(), "rng": rng_state(), "wall_time": wall_time, "run_name": cfg.run_name}
 
-    logger = MetricsLogger(run_dir, cfg, start_step)
-    stop_after = total_steps if cfg.train.max_steps_this_run is None else min(total_steps, start_step + cfg.train.max_steps_this_run)
+def _train_step(cfg, step, timer, policy, engine, trainer, producer, runtime) -> dict[str, Any]:
+    """One step: batch -> trainer -> weight sync, then eval if due. `time/step` and
+    `time/step_cpu` (this process's CPU seconds, every thread) cover the training phases only,
+    not eval or the checkpoint: on a shared machine the CPU figure is the one that survives."""
+    wall_start, cpu_start = time.perf_counter(), time.process_time()
+    batch = runtime.batch_for(step, version=step)
+    generator = torch.Generator().manual_seed(stream_seed(cfg.seed, _MINIBATCH_STREAM, step))
+    metrics = trainer.step(batch, version=step, generator=generator)
+    with timer.phase("weight_sync"):
+        engine.update_weights(policy, step + 1)
+    metrics["time/step"] = time.perf_counter() - wall_start
+    metrics["time/step_cpu"] = time.process_time() - cpu_start
+    total_steps = cfg.train.total_steps
+    if cfg.train.eval_every and ((step + 1) % cfg.train.eval_every == 0 or step + 1 == total_steps):
+        with timer.phase("eval"):
+            metrics["eval/reward"] = producer.evaluate(step)
+    metrics.update(timer.pop())
+    return metrics
+
+
+def _train_loop(cfg, run_dir, start_step, wall_offset, timer, policy, tokenizer, engine, trainer, producer,
+                runtime, logger) -> dict[str, Any]:
+    train = cfg.train
+    total_steps = train.total_steps
+    stop_after = total_steps if train.max_steps_this_run is None else min(total_steps, start_step + train.max_steps_this_run)
     run_start = time.perf_counter() - wall_offset
+
+    def save(next_step: int, record: dict[str, Any] | None) -> float:
+        started = time.perf_counter()
+        save_checkpoint(run_dir, {
+            "model": policy.state_dict(), "optimizer": trainer.optimizer.state_dict(), "step": next_step,
+            "runtime": runtime.state_dict(), "rng": rng_state(), "wall_time": started - run_start,
+            "run_name": cfg.run_name, "record": record})
+        return time.perf_counter() - started
+
     metrics: dict[str, Any] = {}
-    step = start_step
-    exit_code = 1
+    step, saved_at, exit_code = start_step, start_step, 1
     # Always shown, in a terminal and in a SLURM log alike: one line per step is the progress.
     progress = tqdm(total=total_steps, initial=start_step, desc=cfg.run_name, unit="step", dynamic_ncols=True,
                     mininterval=0)
     try:
         with GracefulStop() as stop:
             while step < stop_after and not stop.requested:
-                step_start = time.perf_counter()
-                batch = runtime.batch_for(step, version=step)
-                generator = torch.Generator().manual_seed(stream_seed(cfg.seed, _MINIBATCH_STREAM, step))
-                metrics = trainer.step(batch, version=step, generator=generator)
-                with timer.phase("weight_sync"):
-                    engine.update_weights(policy, step + 1)
-                eval_due = cfg.train.eval_every and ((step + 1) % cfg.train.eval_every == 0 or step + 1 == total_steps)
-                if eval_due:
-                    with timer.phase("eval"):
-                        metrics["eval/reward"] = producer.evaluate(step)
-                metrics.update(timer.pop())
-                metrics["time/step"] = time.perf_counter() - step_start
-                record = {"step": step, "version": step, "wall_time": time.perf_counter() - run_start, **metrics}
-                logger.log(record)
+                metrics = _train_step(cfg, step, timer, policy, engine, trainer, producer, runtime)
+                record = {"step": step, "version": step, **metrics}
                 step += 1
+                # The checkpoint goes before the log line and carries it: a death in between
+                # re-logs the step on resume, so the log has no gap and no duplicate.
+                due = step == stop_after or stop.requested or (train.checkpoint_every and step % train.checkpoint_every == 0)
+                keep = step < total_steps or train.keep_checkpoint
+                record["wall_time"] = time.perf_counter() - run_start
+                record["time/checkpoint"] = save(step, record) if due and keep else 0.0
+                saved_at = step if due and keep else saved_at
+                logger.log(record)
                 progress.update(1)
                 progress.set_postfix(reward=f"{metrics['reward/mean']:.3f}", step_s=f"{metrics['time/step']:.1f}")
-                if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0 and step < stop_after:
-                    save_checkpoint(run_dir, state(step, time.perf_counter() - run_start))
-            save_checkpoint(run_dir, state(step, time.perf_counter() - run_start))
+            if step < total_steps and saved_at != step:
+                save(step, None)  # a signal between the check and the loop's end
+            if step >= total_steps:
+                _finish(run_dir, cfg, policy, tokenizer, step, time.perf_counter() - run_start)
             exit_code = 0
             if stop.requested:
                 log.warning("stopped at step %d by a signal; checkpoint written; rerun the same command to resume", step)
@@ -204,6 +269,4 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     finally:
         progress.close()
         logger.close(exit_code=exit_code)
-        runtime.close()
-        engine.close()
     return metrics

@@ -236,7 +236,8 @@ class Trainer:
     def advantages(self, batch: RolloutBatch) -> torch.Tensor:
         rewards = torch.tensor([s.reward for s in batch.samples], dtype=torch.float32)
         rewards = (rewards + self.cfg.reward_bias) * self.cfg.reward_scaling
-        advantages = grpo_advantages(rewards.view(batch.n_prompts, batch.n_samples), norm_std=self.cfg.adv_norm_std).view(-1)
+        advantages = grpo_advantages(rewards.view(batch.n_prompts, batch.n_samples), norm_std=self.cfg.adv_norm_std,
+                                     unbiased=self.cfg.adv_std_unbiased, eps=self.cfg.adv_eps).view(-1)
         if self.cfg.get("adv_batch_norm", False):
             # token-weighted, as a normalisation over the batch's response tokens would be
             lengths = torch.tensor([s.response_ids.numel() for s in batch.samples], dtype=torch.float32)

@@ -19,8 +19,12 @@ from a3po.train import run  # noqa: E402
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
     try:
-        run(cfg)
+        # The run directory is Hydra's output directory for this job: hydra.run.dir, or
+        # hydra.sweep.dir/hydra.sweep.subdir in a sweep (conf/config.yaml sets the defaults).
+        run(cfg, run_dir=HydraConfig.get().runtime.output_dir)
     except ConfigError as err:
         # A config mistake is the user's to fix: say what, not where in our code.
         print(f"config error: {err}", file=sys.stderr)

@@ -144,15 +144,24 @@ def test_bf16_logits_are_upcast():
 
 def test_grpo_advantages_hand_computed():
     rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.1, 0.1, 0.1, 0.1], [3.0, 1.0, 2.0, 2.0]])
+    # Default: AReaL's unbiased std (n - 1) and eps 1e-5.
     adv = grpo_advantages(rewards)
-    torch.testing.assert_close(adv[0], torch.tensor([1.0, -1.0, -1.0, 1.0]), rtol=1e-5, atol=1e-5)
+    std = math.sqrt(1 / 3)  # [1, 0, 0, 1]: squared deviations 4 x 0.25 = 1, over n - 1 = 3
+    torch.testing.assert_close(adv[0], torch.tensor([0.5, -0.5, -0.5, 0.5]) / (std + 1e-5))
     assert torch.equal(adv[1], torch.zeros(4))  # all equal: exactly zero, no NaN
+    std = math.sqrt(2 / 3)
+    torch.testing.assert_close(adv[2], torch.tensor([1.0, -1.0, 0.0, 0.0]) / (std + 1e-5))
+    # Population std (n), selectable.
+    population = grpo_advantages(rewards, unbiased=False, eps=1e-6)
+    torch.testing.assert_close(population[0], torch.tensor([1.0, -1.0, -1.0, 1.0]), rtol=1e-5, atol=1e-5)
     std = math.sqrt(0.5)
-    torch.testing.assert_close(adv[2], torch.tensor([1 / std, -1 / std, 0.0, 0.0]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(population[2], torch.tensor([1 / std, -1 / std, 0.0, 0.0]), rtol=1e-5, atol=1e-5)
     centred = grpo_advantages(rewards, norm_std=False)
     torch.testing.assert_close(centred[0], torch.tensor([0.5, -0.5, -0.5, 0.5]))
     single = grpo_advantages(torch.tensor([[0.7]]))
     assert single.item() == 0.0
+    with pytest.raises(ValueError, match="eps=0"):
+        grpo_advantages(rewards, eps=0)
 
 
 def test_bad_inputs_raise():

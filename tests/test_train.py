@@ -18,7 +18,7 @@ from conftest import REPO
 
 REQUIRED_KEYS = [
     "step", "version", "wall_time", "time/step", "time/rollout", "time/prox_logp", "time/train",
-    "time/weight_sync", "reward/mean", "actor/entropy", "actor/importance_weight/max",
+    "time/weight_sync", "time/eval", "time/checkpoint", "time/step_cpu", "reward/mean", "actor/entropy", "actor/importance_weight/max",
     "actor/importance_weight/min", "actor/importance_weight/mean", "actor/behave_weight/max",
     "actor/behave_weight/min", "actor/behave_weight/mean", "actor/clipped_tokens", "actor/clip_ratio",
     "actor/grad_norm", "actor/approx_kl", "actor/loss", "staleness/mean", "staleness/max", "staleness/min",
@@ -46,7 +46,13 @@ def test_every_algo_trains_and_logs_every_metric(tiny_cfg, algo, staleness):
         assert "prox_error/inverse/logp_abs" in records[0]
         assert "prox_error/exponential-linear/iw_abs" in records[0]
     assert (run_dir / "config.yaml").exists()
-    assert (run_dir / "checkpoints" / "last.pt").exists()
+    # finished: the completion marker stays, the resume state goes (train.keep_checkpoint=false)
+    assert json.loads((run_dir / "finished.json").read_text())["steps"] == 3
+    assert not (run_dir / "checkpoints" / "last.pt").exists()
+    # a checkpoint was written after step 2 (checkpoint_every=2) and timed; none after the others
+    assert records[1]["time/checkpoint"] > 0 and records[0]["time/checkpoint"] == 0.0
+    assert records[2]["time/checkpoint"] == 0.0
+    assert all(r["time/step_cpu"] > 0 for r in records)
 
 
 def test_behave_logp_equals_trainer_forward_and_loglinear_at_staleness_zero(tiny_cfg):

@@ -1,0 +1,135 @@
+"""A run directory means one config.
+
+The directory of a run is Hydra's output directory for its job (`hydra.run.dir`, or
+`hydra.sweep.dir`/`hydra.sweep.subdir` in a sweep); its default name is derived from the
+config (`<algo>[-<schedule>][-<correction>][-<objective>]-d<staleness>-s<seed>`), with no
+timestamp, so a requeued job finds its run again. Starting a run in a directory that holds a
+run of a different config would either mislabel the old results (a finished run) or resume
+its checkpoint under the new config (an unfinished one), so `claim_run_dir` refuses, naming
+every differing key, unless `on_config_change=restart` asks to start afresh.
+
+A finished run keeps `config.yaml`, `metrics.jsonl` and a small completion marker
+(`finished.json`); its resume checkpoint is removed unless `train.keep_checkpoint=true`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from a3po.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+# Keys whose value does not change a run's results, so a run may be resumed or re-entered
+# with a different value: where it logs, how often it checkpoints, how far this invocation
+# goes, what is kept at the end, and what happens on a conflict. `train.total_steps` may grow
+# (extending a run); any other difference is a different run.
+RESULT_NEUTRAL_KEYS = (
+    "logger",
+    "output_root",
+    "on_config_change",
+    "train.max_steps_this_run",
+    "train.checkpoint_every",
+    "train.keep_checkpoint",
+    "train.save_final_model",
+    "runtime.shutdown_timeout_s",
+)
+EXTENSIBLE_KEY = "train.total_steps"
+ON_CONFIG_CHANGE = ("error", "restart")
+FINISHED_MARKER = "finished.json"
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"train": {"lr": 1}} -> {"train.lr": 1}; lists stay values."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _neutral(key: str) -> bool:
+    return any(key == k or key.startswith(f"{k}.") for k in RESULT_NEUTRAL_KEYS)
+
+
+def config_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(key, old value, new value) for every key that changes results; a missing key shows as
+    `<absent>`. Growing `train.total_steps` is not a difference; shrinking it is."""
+    old_flat, new_flat = flatten(old), flatten(new)
+    diffs = []
+    for key in sorted(set(old_flat) | set(new_flat)):
+        if _neutral(key):
+            continue
+        before, after = old_flat.get(key, "<absent>"), new_flat.get(key, "<absent>")
+        if before == after:
+            continue
+        if key == EXTENSIBLE_KEY and isinstance(before, int) and isinstance(after, int) and after > before:
+            continue
+        diffs.append((key, before, after))
+    return diffs
+
+
+def _conflict_message(run_dir: Path, diffs: list[tuple[str, Any, Any]]) -> str:
+    lines = "\n".join(f"  {key}: {before!r} in the existing run, {after!r} now" for key, before, after in diffs)
+    return (
+        f"the run directory {run_dir} holds a run with a different config:\n{lines}\n"
+        "A run directory means one config. Either write this run elsewhere (another experiment_name=, "
+        "output_root=, or hydra.run.dir/hydra.sweep.dir), or start this directory afresh with "
+        "on_config_change=restart (this deletes the old run's metrics and checkpoint)."
+    )
+
+
+def clear_run(run_dir: Path) -> None:
+    """Delete what a run wrote (not the directory itself: Hydra keeps its .hydra/ there)."""
+    for name in ("metrics.jsonl", FINISHED_MARKER, "config.yaml"):
+        (run_dir / name).unlink(missing_ok=True)
+    for name in ("checkpoints", "wandb", "final_model"):
+        shutil.rmtree(run_dir / name, ignore_errors=True)
+
+
+def claim_run_dir(run_dir: Path, cfg: DictConfig) -> None:
+    """Check that `run_dir` is empty or holds this config's run, then write config.yaml.
+
+    Raises ConfigError naming each differing key (both values) and the ways out; with
+    `on_config_change=restart` the old run is deleted instead. Writes atomically.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    new = OmegaConf.to_container(cfg, resolve=True)
+    path = run_dir / "config.yaml"
+    if path.exists():
+        old = yaml.safe_load(path.read_text()) or {}
+        diffs = config_differences(old, new)
+        if diffs and cfg.get("on_config_change", "error") == "restart":
+            log.warning("on_config_change=restart: deleting the run in %s (%d keys differ)", run_dir, len(diffs))
+            clear_run(run_dir)
+        elif diffs:
+            raise ConfigError(_conflict_message(run_dir, diffs))
+    tmp = path.with_suffix(".yaml.tmp")
+    tmp.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    os.replace(tmp, path)
+
+
+def finished_steps(run_dir: Path) -> int | None:
+    """The step count a run finished with, or None if it has not finished."""
+    path = Path(run_dir) / FINISHED_MARKER
+    if not path.exists():
+        return None
+    return int(json.loads(path.read_text())["steps"])
+
+
+def mark_finished(run_dir: Path, steps: int, wall_time: float) -> None:
+    path = Path(run_dir) / FINISHED_MARKER
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"steps": steps, "wall_time": wall_time}) + "\n")
+    os.replace(tmp, path)
