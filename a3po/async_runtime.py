@@ -20,7 +20,6 @@ token is generated, never read after the request returns.
 from __future__ import annotations
 
 import atexit
-import copy
 import logging
 import threading
 import time
@@ -28,10 +27,9 @@ from typing import Callable
 
 import torch
 
-from a3po.rollout.base import GenerationCancelled, StagedWeightUpdates
-from a3po.rollout.hf import HFEngine
+from a3po.batch import RolloutBatch
+from a3po.rollout.base import GenerationCancelled
 from a3po.timer import PhaseTimer
-from a3po.trainer import RolloutBatch
 
 log = logging.getLogger(__name__)
 
@@ -68,78 +66,30 @@ class StalenessManager:
         self.running -= n_rollouts
 
 
-class HFCopyEngine(StagedWeightUpdates, HFEngine):
-    """An HF engine over a private copy of the policy, for generation concurrent with training.
-
-    `HFEngine` samples from the trainer's own module, which the optimizer changes in place
-    mid-generation. This copy changes only between `generate` calls: an update that arrives
-    while a batch is generating is staged (one clone of the state dict) and loaded before the
-    next batch, so every token of a call is sampled, and stamped, by one version and the
-    trainer never waits for generation to finish.
-    """
-
-    def __init__(self, policy: torch.nn.Module, tokenizer, **kwargs) -> None:
-        private = copy.deepcopy(policy).requires_grad_(False)
-        super().__init__(private, tokenizer, **kwargs)
-        self._init_staging()
-        self._cancelled = threading.Event()
-        # generate() calls forward once per new token: the earliest point a cancel can act
-        private.register_forward_pre_hook(self._raise_if_cancelled)
-
-    @classmethod
-    def from_engine(cls, engine: HFEngine) -> "HFCopyEngine":
-        return cls(engine.policy, engine.tokenizer, temperature=engine.temperature, top_p=engine.top_p,
-                   max_new_tokens=engine.max_new_tokens, batch_size=engine.batch_size, version=engine.version)
-
-    def _raise_if_cancelled(self, module, args) -> None:
-        if self._cancelled.is_set():
-            raise GenerationCancelled("generation cancelled: the runtime is shutting down")
-
-    @torch.no_grad()
-    def _load(self, state: dict[str, torch.Tensor], version: int) -> None:
-        for name, tensor in self.policy.state_dict().items():
-            tensor.copy_(state[name])
-        self.version = version
-
-    def update_weights(self, policy: torch.nn.Module, version: int) -> None:
-        if policy is self.policy:
-            raise ValueError("HFCopyEngine.update_weights got its own private copy; pass the trainer's policy")
-        StagedWeightUpdates.update_weights(self, policy, version)
-
-    def generate(self, prompt_ids, n_samples: int, *, seed: int):
-        with self._generate_lock:
-            if self._cancelled.is_set():
-                raise GenerationCancelled("generation cancelled: the runtime is shutting down")
-            self._apply_pending()
-            return super().generate(prompt_ids, n_samples, seed=seed)
-
-    def cancel(self) -> None:
-        """End the current and every later `generate` with GenerationCancelled (shutdown)."""
-        self._cancelled.set()
-
-    def close(self) -> None:
-        self.cancel()
-        with self._generate_lock:
-            self._pending = None
-            super().close()
-
-
 def _count_tokens(batch: RolloutBatch) -> int:
     return sum(s.response_ids.numel() for s in batch.samples)
 
 
 class AsyncRuntime:
+    """Generates batches in a background thread, at most `max_staleness` versions ahead.
+
+    `produce(step)` makes one batch with `engine`, which must own its weights (HFCopyEngine,
+    VLLMEngine: built with `concurrent=True`). `rollout_timer` is the producer's own timer,
+    popped here after each batch; its phases are charged to the trainer's `step_timer` when
+    the trainer takes that batch, from the training thread, so `time/rollout` means the same
+    in every runtime and the trainer's timer never receives rollout time at random.
+    """
+
     def __init__(self, produce: Callable[[int], RolloutBatch], *, total_steps: int, max_staleness: int,
-                 batch_size: int, shutdown_timeout_s: float = 120.0, engine=None,
-                 step_timer: PhaseTimer | None = None) -> None:
+                 batch_size: int, engine, rollout_timer: PhaseTimer | None = None,
+                 step_timer: PhaseTimer | None = None, shutdown_timeout_s: float = 120.0) -> None:
         self.produce = produce
         self.total_steps = total_steps
         self.max_staleness = max_staleness
         self.batch_size = batch_size
         self.shutdown_timeout_s = shutdown_timeout_s
         self.engine = engine  # only to cancel a generation in flight at shutdown
-        # The trainer's timer: a batch's rollout phases are charged to the step that trains on it,
-        # from the training thread, so `time/rollout` means the same in every runtime.
+        self.rollout_timer = rollout_timer
         self.step_timer = step_timer
         self._rollout_phases: dict[int, dict[str, float]] = {}
         self.manager = StalenessManager(max_staleness, batch_size)
@@ -151,27 +101,6 @@ class AsyncRuntime:
         self._error: BaseException | None = None
         self._worker: threading.Thread | None = None
         self._closed = False
-
-    @classmethod
-    def from_config(cls, cfg, produce) -> "AsyncRuntime":
-        """Give rollout what concurrency needs before the run's first weight sync.
-
-        The producer's engine is swapped for one that owns its weights when it would share the
-        trainer's module, and its phase timer for a private one: the trainer's timer is popped
-        once per step by the training thread and must not receive rollout time at random.
-        """
-        runtime_cfg = cfg.runtime
-        engine = getattr(produce, "engine", None)
-        if type(engine) is HFEngine:
-            engine = produce.engine = HFCopyEngine.from_engine(engine)
-        if engine is not None and hasattr(engine, "interruptible"):
-            engine.interruptible = bool(runtime_cfg.get("interruptible", False))
-        step_timer = getattr(produce, "timer", None)
-        if isinstance(step_timer, PhaseTimer):
-            produce.timer = PhaseTimer(step_timer.device)
-        return cls(produce, total_steps=cfg.train.total_steps, max_staleness=runtime_cfg.max_staleness,
-                   batch_size=cfg.train.n_prompts, shutdown_timeout_s=runtime_cfg.get("shutdown_timeout_s", 120.0),
-                   engine=engine, step_timer=step_timer if isinstance(step_timer, PhaseTimer) else None)
 
     # ------------------------------------------------------------------ trainer side
     def batch_for(self, step: int, version: int) -> RolloutBatch:
@@ -238,10 +167,9 @@ class AsyncRuntime:
                     with self._cond:
                         self.manager.on_rejected(self.batch_size)
                     raise
-                timer = getattr(self.produce, "timer", None)
                 phases = {"rollout": seconds}
-                if isinstance(timer, PhaseTimer):
-                    phases.update({name.removeprefix("time/"): value for name, value in timer.pop().items()})
+                if self.rollout_timer is not None:
+                    phases.update({name.removeprefix("time/"): value for name, value in self.rollout_timer.pop().items()})
                 batch.stats["time/wait_capacity"] = wait_capacity
                 batch.stats["rollout/tokens_per_s"] = _count_tokens(batch) / max(seconds, 1e-9)
                 batch.stats["rollout/admitted_at_version"] = float(start_version)

@@ -10,21 +10,13 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
+from a3po.algos import ALGOS, get_algo
+from a3po.device import DEVICES
 from a3po.errors import ConfigError
 from a3po.proximal import SCHEDULES, validate_schedule
 
-# name -> how its proximal log-probs are obtained. Coupled PPO is the decoupled loss with
-# prox = behave (the behaviour weight is then exactly 1), so no separate loss flag is needed.
-ALGOS = {
-    "coupled": "behave",
-    "recompute": "recompute",
-    "loglinear": "loglinear",
-    "linear": "linear",
-    "metrics": "recompute",
-}
 RUNTIMES = ("lagged", "async")
 LOGGER_MODES = ("offline", "online", "disabled")
-DEVICES = ("auto", "cpu", "cuda")
 
 
 def schedule_label(schedule: Mapping[str, Any]) -> str:
@@ -36,20 +28,22 @@ def schedule_label(schedule: Mapping[str, Any]) -> str:
     return f"{name}{values}"
 
 
-def run_name(algo: str, schedule: Mapping[str, Any] | str, staleness: int, seed: int, uses_schedule: bool) -> str:
+def run_name(algo: str, schedule: Mapping[str, Any] | str, staleness: int, seed: int) -> str:
     """`<algo>[-<schedule>]-d<staleness>-s<seed>`; the schedule appears only where the algo uses
-    one and it is not the paper's default `inverse`. No timestamp: a requeued job finds it again."""
+    one (a3po.algos) and it is not the paper's default `inverse`. No timestamp: a requeued job
+    finds it again. An unknown algo is named as given (validation reports it)."""
     if isinstance(schedule, str):
         schedule = {"name": schedule}
     label = schedule_label(schedule)
+    uses_schedule = algo in ALGOS and ALGOS[algo].uses_schedule
     middle = f"-{label}" if uses_schedule and label != "inverse" else ""
     return f"{algo}{middle}-d{staleness}-s{seed}"
 
 
-def _run_name_resolver(algo, schedule, staleness, seed, uses_schedule) -> str:
+def _run_name_resolver(algo, schedule, staleness, seed) -> str:
     if isinstance(schedule, DictConfig):
         schedule = OmegaConf.to_container(schedule, resolve=True)
-    return run_name(str(algo), schedule, staleness, seed, bool(uses_schedule))
+    return run_name(str(algo), schedule, staleness, seed)
 
 
 def register_resolvers() -> None:
@@ -75,21 +69,20 @@ def _is_number(value: Any) -> bool:
 
 def validate_config(cfg: DictConfig) -> None:
     """Every check that needs no model, tokenizer or data. Raises ConfigError."""
-    algo = cfg.algo.name
-    _require(algo in ALGOS, "algo.name", algo, f"allowed: {sorted(ALGOS)}")
-    _require(cfg.algo.prox == ALGOS[algo], "algo.prox", cfg.algo.prox,
-             f"algo {algo!r} computes its proximal log-probs by {ALGOS[algo]!r}")
+    get_algo(cfg.algo.name)
     schedule = OmegaConf.to_container(cfg.schedule, resolve=True)
     try:
         validate_schedule(schedule.get("name"), schedule)
     except ValueError as err:
         raise ConfigError(f"schedule: {err}") from None
-    if algo == "metrics":
-        for name, params in (cfg.algo.get("error_schedules") or {}).items():
+    _require(isinstance(cfg.train.log_prox_errors, bool), "train.log_prox_errors", cfg.train.log_prox_errors,
+             "it must be true or false")
+    if cfg.train.log_prox_errors:
+        for name, params in (cfg.train.get("prox_error_schedules") or {}).items():
             try:
                 validate_schedule(name, dict(params or {}))
             except ValueError as err:
-                raise ConfigError(f"algo.error_schedules.{name}: {err}") from None
+                raise ConfigError(f"train.prox_error_schedules.{name}: {err}") from None
 
     _require(_is_int(cfg.staleness) and cfg.staleness >= 0, "staleness", cfg.staleness, "it must be an integer >= 0")
     _require(_is_int(cfg.seed) and cfg.seed >= 0, "seed", cfg.seed, "it must be an integer >= 0")

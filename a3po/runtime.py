@@ -11,7 +11,7 @@ import logging
 from collections import deque
 from typing import Callable
 
-from a3po.trainer import RolloutBatch
+from a3po.batch import RolloutBatch
 
 log = logging.getLogger(__name__)
 

@@ -18,14 +18,16 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from a3po.batch import RolloutBatch
 from a3po.checkpoint import load_checkpoint, remove_checkpoint, rng_state, save_checkpoint, set_rng_state
 from a3po.config import validate_config
+from a3po.device import resolve_device
 from a3po.errors import ConfigError
-from a3po.logging import MetricsLogger
+from a3po.metrics_log import MetricsLogger
 from a3po.preemption import GracefulStop
 from a3po.rundir import claim_run_dir, finished_steps, mark_finished
 from a3po.timer import PhaseTimer
-from a3po.trainer import RolloutBatch, Sample, Trainer
+from a3po.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +44,6 @@ def run_dir_of(cfg: DictConfig) -> Path:
     return Path(cfg.output_root) / cfg.experiment_name / cfg.run_name
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device='cuda' is not allowed on this machine: no CUDA device is visible; use device=auto or cpu")
-    return torch.device(name)
-
-
 class RolloutProducer:
     """Turns task problems into a scored RolloutBatch with the engine's current weights."""
 
@@ -62,56 +56,53 @@ class RolloutProducer:
     def encode(self, question: str) -> list[int]:
         return self.tokenizer(self.render_prompt(self.tokenizer, question), add_special_tokens=False).input_ids
 
-    def score(self, problems, generations) -> tuple[list[list[float]], int]:
-        rewards, malformed = [], 0
-        for problem, group in zip(problems, generations):
-            row = []
-            for gen in group:
-                result = self.task.reward(self.tokenizer.decode(gen.response_ids, skip_special_tokens=True), problem.answer)
-                row.append(float(result.score))
+    def score(self, problems, groups) -> int:
+        """Set every sample's reward; returns how many answers were malformed."""
+        malformed = 0
+        for problem, group in zip(problems, groups):
+            for sample in group:
+                result = self.task.reward(self.tokenizer.decode(sample.response_ids, skip_special_tokens=True), problem.answer)
+                sample.reward = float(result.score)
                 malformed += int(result.malformed)
-            rewards.append(row)
-        return rewards, malformed
+        return malformed
 
     def __call__(self, step: int) -> RolloutBatch:
         train = self.cfg.train
         with self.timer.phase("rollout"):
             problems = self.task.train_batch(step, train.n_prompts)
-            generations = self.engine.generate([self.encode(p.question) for p in problems], train.n_samples,
-                                               seed=stream_seed(self.cfg.seed, _ROLLOUT_STREAM, step))
-            rewards, malformed = self.score(problems, generations)
-        samples = [
-            Sample(prompt_ids=g.prompt_ids, response_ids=g.response_ids, behave_logp=g.behave_logp,
-                   versions=g.versions, group=i, reward=r)
-            for i, (group, group_rewards) in enumerate(zip(generations, rewards))
-            for g, r in zip(group, group_rewards)
-        ]
+            groups = self.engine.generate([self.encode(p.question) for p in problems], train.n_samples,
+                                          seed=stream_seed(self.cfg.seed, _ROLLOUT_STREAM, step))
+            malformed = self.score(problems, groups)
+        samples = [sample for group in groups for sample in group]
         n = len(samples)
-        flat_rewards = [r for row in rewards for r in row]
         stats = {
-            "reward/mean": sum(flat_rewards) / n,
+            "reward/mean": sum(s.reward for s in samples) / n,
             "reward/malformed": malformed / n,
             "response/length_mean": sum(s.response_ids.numel() for s in samples) / n,
-            "response/truncated": sum(not g.finished for group in generations for g in group) / n,
+            "response/truncated": sum(not s.finished for s in samples) / n,
         }
         return RolloutBatch(step=step, samples=samples, n_prompts=train.n_prompts, n_samples=train.n_samples, stats=stats)
 
     def evaluate(self, after_step: int) -> float:
         problems = self.task.eval_problems(self.cfg.train.eval_size)
-        generations = self.engine.generate([self.encode(p.question) for p in problems], 1,
-                                           seed=stream_seed(self.cfg.seed, _EVAL_STREAM, after_step))
-        rewards, _ = self.score(problems, generations)
-        return sum(r for row in rewards for r in row) / len(problems)
+        groups = self.engine.generate([self.encode(p.question) for p in problems], 1,
+                                      seed=stream_seed(self.cfg.seed, _EVAL_STREAM, after_step))
+        self.score(problems, groups)
+        return sum(group[0].reward for group in groups) / len(problems)
 
 
-def build_runtime(cfg: DictConfig, produce):
+def build_runtime(cfg: DictConfig, produce: RolloutProducer, engine, step_timer: PhaseTimer):
+    """The lagged runtime calls `produce` in the training thread; the async one in its own,
+    with the producer's private timer charged back to `step_timer` per batch."""
     if cfg.runtime.name == "lagged":
         from a3po.runtime import LaggedRuntime
 
         return LaggedRuntime(cfg.staleness, cfg.train.total_steps, produce)
-    from a3po.async_runtime import AsyncRuntime  # the asynchronous runtime is optional
+    from a3po.async_runtime import AsyncRuntime
 
-    return AsyncRuntime.from_config(cfg, produce)
+    return AsyncRuntime(produce, total_steps=cfg.train.total_steps, max_staleness=cfg.runtime.max_staleness,
+                        batch_size=cfg.train.n_prompts, engine=engine, rollout_timer=produce.timer,
+                        step_timer=step_timer, shutdown_timeout_s=cfg.runtime.get("shutdown_timeout_s", 120.0))
 
 
 def _seed_everything(seed: int) -> None:
@@ -180,13 +171,15 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     timer = PhaseTimer(device, always=("rollout", "prox_logp", "train", "weight_sync", "eval"))
     task = build_task(cfg.task, cfg.seed)
     policy, tokenizer = load_policy(cfg.model, device=device, seed=cfg.seed)
-    engine = build_engine(cfg.rollout, policy, tokenizer, device)
+    concurrent = cfg.runtime.name == "async"
+    engine = build_engine(cfg.rollout, policy, tokenizer, device, concurrent=concurrent,
+                          interruptible=bool(cfg.runtime.get("interruptible", False)))
     trainer = Trainer(policy, algo_cfg=cfg.algo, schedule_cfg=OmegaConf.to_container(cfg.schedule, resolve=True),
                       train_cfg=cfg.train, temperature=cfg.rollout.temperature, pad_id=tokenizer.pad_token_id,
                       device=device, timer=timer)
-    producer = RolloutProducer(cfg, task, tokenizer, engine, timer)
-    runtime = build_runtime(cfg, producer)
-    engine = producer.engine  # the async runtime gives rollout an engine with its own copy of the weights
+    # Rollout in another thread times itself on a timer of its own (see build_runtime).
+    producer = RolloutProducer(cfg, task, tokenizer, engine, PhaseTimer(device) if concurrent else timer)
+    runtime = build_runtime(cfg, producer, engine, step_timer=timer)
     start_step, wall_offset = _restore(checkpoint, policy, trainer, runtime)
     if checkpoint is not None:
         log.info("resuming %s from step %d", run_dir, start_step)
@@ -207,7 +200,7 @@ def _train_step(cfg, step, timer, policy, engine, trainer, producer, runtime) ->
     wall_start, cpu_start = time.perf_counter(), time.process_time()
     batch = runtime.batch_for(step, version=step)
     generator = torch.Generator().manual_seed(stream_seed(cfg.seed, _MINIBATCH_STREAM, step))
-    metrics = trainer.step(batch, version=step, generator=generator)
+    metrics = {**trainer.step(batch, version=step, generator=generator), **batch.stats}
     with timer.phase("weight_sync"):
         engine.update_weights(policy, step + 1)
     metrics["time/step"] = time.perf_counter() - wall_start

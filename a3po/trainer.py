@@ -1,8 +1,8 @@
 """One GRPO training step with a pluggable proximal policy.
 
 advantages (GRPO group norm) -> prox logp (by algo) -> n_minibatches optimizer updates, each
-accumulated over token-budget micro-batches -> grad clip -> optimizer step. Every phase is
-timed with the DESIGN.md section 3 names. The maths lives in a3po.loss and a3po.proximal;
+accumulated over token-budget micro-batches -> grad clip -> optimizer step. The metric names
+and their reductions live in a3po.step_metrics, the maths in a3po.loss and a3po.proximal;
 this file only moves tensors between them and the model.
 """
 
@@ -10,42 +10,18 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 
+from a3po.algos import get_algo
+from a3po.batch import RolloutBatch, Sample
+from a3po.device import autocast_dtype
 from a3po.errors import ConfigError
 from a3po.loss import grpo_advantages, ppo_actor_loss, token_logprobs, token_logprobs_and_entropy
 from a3po.proximal import approximate_prox_logp, approximation_errors, staleness_stats, validate_schedule
+from a3po.step_metrics import StepMetrics
 from a3po.timer import PhaseTimer
-
-
-@dataclass
-class Sample:
-    """One response with everything the loss needs; tensors are 1-D over response tokens."""
-
-    prompt_ids: torch.Tensor
-    response_ids: torch.Tensor
-    behave_logp: torch.Tensor
-    versions: torch.Tensor
-    group: int
-    reward: float
-
-    @property
-    def length(self) -> int:
-        return self.prompt_ids.numel() + self.response_ids.numel()
-
-
-@dataclass
-class RolloutBatch:
-    """The samples for one training step: n_prompts groups of n_samples, in group order."""
-
-    step: int
-    samples: list[Sample]
-    n_prompts: int
-    n_samples: int
-    stats: dict[str, float] = field(default_factory=dict)
 
 
 def split_minibatches(n_items: int, n_minibatches: int, generator: torch.Generator) -> list[list[int]]:
@@ -143,28 +119,30 @@ class _DeviceSpans:
         return self.cpu_seconds + sum(start.elapsed_time(end) for start, end in self.events) / 1000.0
 
 
+# The loss's reductions that are logged, under their `actor/` names.
+_LOSS_STATS = ("importance_weight/max", "importance_weight/min", "importance_weight/mean", "behave_weight/max",
+               "behave_weight/min", "behave_weight/mean", "behave_weight/capped_tokens", "clipped_tokens")
+
+
 class Trainer:
     def __init__(self, policy: torch.nn.Module, *, algo_cfg, schedule_cfg: Mapping[str, Any], train_cfg,
                  temperature: float, pad_id: int, device: torch.device, timer: PhaseTimer) -> None:
         self.policy = policy
-        self.algo = algo_cfg
-        self.prox_method = algo_cfg.prox
+        self.algo = get_algo(algo_cfg.name)
         self.schedule = schedule_cfg["name"]
         self.schedule_params = validate_schedule(self.schedule, schedule_cfg)
-        self.error_schedules = {name: dict(params or {}) for name, params in (algo_cfg.get("error_schedules") or {}).items()}
         self.cfg = train_cfg
+        self.error_schedules = ({name: dict(params or {}) for name, params in (train_cfg.get("prox_error_schedules") or {}).items()}
+                                if train_cfg.get("log_prox_errors", False) else {})
         self.temperature = float(temperature)
         self.pad_id = pad_id
         self.device = device
         self.timer = timer
         self.optimizer = make_optimizer(policy, train_cfg)
-        # On a GPU a float32 model runs its forward and backward under bf16 autocast (float32
-        # master weights, optimizer and log-softmax; bf16 matmuls): the standard mixed precision,
-        # several times the float32 throughput. A model loaded in bf16 is already bf16; on CPU
-        # nothing changes, so CPU runs keep their exact float32 log-probs.
-        first_param = next(policy.parameters(), None)
-        self.autocast_dtype = (torch.bfloat16 if device.type == "cuda" and first_param is not None
-                               and first_param.dtype == torch.float32 else None)
+        # bf16 autocast for a float32 model on a GPU (float32 master weights, optimizer and
+        # log-softmax); the HF engine samples under the same rule, so behave and current
+        # log-probs are computed alike. On CPU nothing changes.
+        self.autocast_dtype = autocast_dtype(device, policy)
         # The lm_head is applied only at response positions: most positions of a sequence are
         # prompt, and a [tokens, vocab] logits tensor is the largest thing in the step.
         self._decoder = policy.get_decoder() if hasattr(policy, "get_decoder") else None
@@ -178,10 +156,8 @@ class Trainer:
             return tensor.pin_memory().to(self.device, non_blocking=True)
         return tensor.to(self.device)
 
-    def response_logp(self, samples: list[Sample], with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs (with grad if enabled) and entropy of every response token, concatenated
-        sample by sample in order; one padded forward of the micro-batch. The entropy (None
-        when not asked for) is a logged metric: the recompute forward does not need it."""
+    def _padded_inputs(self, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(input_ids, attention_mask, flat indices of the positions that predict a response token)."""
         width = max(s.length for s in samples)
         input_ids = torch.full((len(samples), width), self.pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(samples), width), dtype=torch.long)
@@ -194,10 +170,14 @@ class Trainer:
             # the logits at position i predict token i + 1
             start = row * width + n_prompt - 1
             positions.append(torch.arange(start, start + n_resp))
-        # Flat indices of the positions that predict response tokens, built on the host: a
-        # boolean-mask index on a GPU would sync to learn how many rows it selects.
-        predicts_response = self._to_device(torch.cat(positions))
-        input_ids, attention_mask = self._to_device(input_ids), self._to_device(attention_mask)
+        # Built on the host: a boolean-mask index on a GPU would sync to learn how many rows it selects.
+        return self._to_device(input_ids), self._to_device(attention_mask), self._to_device(torch.cat(positions))
+
+    def response_logp(self, samples: list[Sample], with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (with grad if enabled) and entropy of every response token, concatenated
+        sample by sample in order; one padded forward of the micro-batch. The entropy (None
+        when not asked for) is a logged metric: the recompute forward does not need it."""
+        input_ids, attention_mask, predicts_response = self._padded_inputs(samples)
         targets = self._to_device(torch.cat([s.response_ids for s in samples]))
         autocast = (torch.autocast("cuda", dtype=self.autocast_dtype) if self.autocast_dtype is not None
                     else contextlib.nullcontext())
@@ -217,8 +197,8 @@ class Trainer:
     @torch.no_grad()
     def recompute_prox_logp(self, samples: list[Sample], plans: list[list[list[int]]]) -> dict[int, torch.Tensor]:
         """`recompute`: the no-grad forward of the weights as they are at the START of the step,
-        frozen for every minibatch; the cost A-3PO removes. Public so the benchmark times
-        exactly this code path. Returns sample index -> its response tokens' log-probs."""
+        frozen for every minibatch; the cost A-3PO removes. Sample index -> its response
+        tokens' log-probs."""
         prox_by_sample: dict[int, torch.Tensor] = {}
         for plan in plans:
             for micro in plan:
@@ -232,13 +212,12 @@ class Trainer:
         minibatches = split_minibatches(len(samples), self.cfg.n_minibatches, generator)
         return [pack_micro_batches({i: samples[i].length for i in mb}, self.cfg.token_budget) for mb in minibatches]
 
-    # ------------------------------------------------------------------ step
     def advantages(self, batch: RolloutBatch) -> torch.Tensor:
         rewards = torch.tensor([s.reward for s in batch.samples], dtype=torch.float32)
         rewards = (rewards + self.cfg.reward_bias) * self.cfg.reward_scaling
         advantages = grpo_advantages(rewards.view(batch.n_prompts, batch.n_samples), norm_std=self.cfg.adv_norm_std,
                                      unbiased=self.cfg.adv_std_unbiased, eps=self.cfg.adv_eps).view(-1)
-        if self.cfg.get("adv_batch_norm", False):
+        if self.cfg.adv_batch_norm:
             # token-weighted, as a normalisation over the batch's response tokens would be
             lengths = torch.tensor([s.response_ids.numel() for s in batch.samples], dtype=torch.float32)
             mean = (advantages * lengths).sum() / lengths.sum()
@@ -246,26 +225,15 @@ class Trainer:
             advantages = (advantages - mean) / (std + 1e-5)
         return advantages
 
+    # ------------------------------------------------------------------ step
     def step(self, batch: RolloutBatch, version: int, generator: torch.Generator) -> dict[str, float]:
         """Train on one batch at trainer version `version`; returns the step's scalar metrics."""
         samples = batch.samples
         advantages = self.advantages(batch)
         plans = self.plan(samples, generator)
-
-        prox_by_sample: dict[int, torch.Tensor] = {}
-        if self.prox_method == "recompute":
-            with self.timer.phase("prox_logp"):
-                prox_by_sample = self.recompute_prox_logp(samples, plans)
-
-        all_versions = torch.cat([s.versions for s in samples])
-        scalars: dict[str, list[torch.Tensor]] = {}
-        counts: list[float] = []
-        grad_norms: list[torch.Tensor] = []
-        losses: list[torch.Tensor] = []
+        recomputed = self._recomputed_prox(samples, plans)
+        metrics = StepMetrics()
         approximation_time = _DeviceSpans(self.device)
-
-        def keep(name: str, value: torch.Tensor) -> None:
-            scalars.setdefault(name, []).append(value.detach().float().reshape(()))
 
         self.policy.train()
         with self.timer.phase("train"):
@@ -273,102 +241,75 @@ class Trainer:
                 n_tokens = sum(samples[i].response_ids.numel() for micro in plan for i in micro)
                 self.optimizer.zero_grad(set_to_none=True)
                 minibatch_loss = torch.zeros((), device=self.device)
-                prox_finite: list[torch.Tensor] = []
+                finite_flags: list[torch.Tensor] = []
                 for micro in plan:
-                    micro_samples = [samples[i] for i in micro]
-                    sizes = [s.response_ids.numel() for s in micro_samples]
-                    logp, entropy = self.response_logp(micro_samples)
-                    behave = self._to_device(torch.cat([s.behave_logp for s in micro_samples]))
-                    versions = self._to_device(torch.cat([s.versions for s in micro_samples]))
-                    token_adv = self._to_device(torch.cat([advantages[i].expand(n) for i, n in zip(micro, sizes)]))
-                    mask = torch.ones_like(behave, dtype=torch.bool)
-                    if self.prox_method == "recompute":
-                        prox = torch.cat([prox_by_sample[i] for i in micro])
+                    tokens = self._micro_batch_tensors([samples[i] for i in micro], advantages[micro])
+                    logp, entropy = self.response_logp([samples[i] for i in micro])
+                    if self.algo.prox == "recompute":
+                        prox = torch.cat([recomputed[i] for i in micro])
                     else:
                         with approximation_time.span():
-                            prox = self.approximate_prox(behave, logp, versions, version, prox_finite)
+                            prox = self.approximate_prox(tokens["behave"], logp, tokens["versions"], version)
+                            finite_flags.append(all_finite(prox))
                     loss, stats = ppo_actor_loss(
-                        logp, prox, behave, token_adv, mask, eps_clip=self.cfg.eps_clip,
-                        eps_clip_higher=self.cfg.eps_clip_higher, behave_weight_cap=self.cfg.behave_weight_cap,
-                    )
+                        logp, prox, tokens["behave"], tokens["advantages"], tokens["mask"], eps_clip=self.cfg.eps_clip,
+                        eps_clip_higher=self.cfg.eps_clip_higher, behave_weight_cap=self.cfg.behave_weight_cap)
                     weight = logp.numel() / n_tokens  # token mean over the whole minibatch
                     (loss * weight).backward()
                     minibatch_loss = minibatch_loss + loss.detach() * weight
-                    counts.append(float(logp.numel()))
-                    for name in ("importance_weight/max", "importance_weight/min", "importance_weight/mean",
-                                 "behave_weight/max", "behave_weight/min", "behave_weight/mean",
-                                 "behave_weight/capped_tokens", "clipped_tokens", "approx_kl/mean"):
-                        keep(name, stats[name])
-                    keep("entropy", entropy.mean())
-                    if self.algo.name == "metrics":
-                        errors = approximation_errors(prox, behave, logp.detach(), versions, version, mask, self.error_schedules)
-                        for name, value in errors.items():
-                            keep(name, value)
-                grad_norms.append(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.grad_clip))
-                if prox_finite:
-                    # One host sync per minibatch, before the update: a NaN anchor raises
-                    # before it can reach the weights.
-                    self.check_prox_finite(prox_finite)
+                    metrics.add({f"actor/{name}": stats[name] for name in _LOSS_STATS}, n_tokens=logp.numel())
+                    metrics.add({"actor/approx_kl": stats["approx_kl/mean"], "actor/entropy": entropy.mean(),
+                                 "actor/valid_tokens": stats["valid_tokens"]}, n_tokens=logp.numel())
+                    if self.error_schedules:
+                        reference = torch.cat([recomputed[i] for i in micro])
+                        metrics.add(approximation_errors(reference, tokens["behave"], logp.detach(), tokens["versions"],
+                                                         version, tokens["mask"], self.error_schedules), n_tokens=logp.numel())
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.grad_clip)
+                check_prox_finite(finite_flags)  # one host sync per minibatch, before the update
                 self.optimizer.step()
-                losses.append(minibatch_loss)
+                metrics.add({"actor/grad_norm": grad_norm, "actor/loss": minibatch_loss})
         self.optimizer.zero_grad(set_to_none=True)
-        metrics = self._reduce(scalars, torch.tensor(counts, device=self.device), grad_norms, losses,
-                               all_versions, version, batch)
-        if self.prox_method != "recompute":
+        if self.algo.prox != "recompute":
             self.timer.add("prox_logp", approximation_time.seconds())
-        return metrics
+        all_versions = torch.cat([s.versions for s in samples])
+        return {**metrics.result(), **{name: float(v) for name, v in staleness_stats(all_versions, version).items()}}
 
-    @staticmethod
-    def check_prox_finite(finite_flags: list[torch.Tensor]) -> None:
-        """Raise if any flag from `approximate_prox` is false: the one host sync of the check."""
-        if finite_flags and not bool(torch.stack(finite_flags).all()):
-            raise ValueError(
-                "approximate_prox_logp result has non-finite value(s) (NaN or Inf); all values must be finite. "
-                "Check behave_logp/target_logp for -inf (a token the policy gives probability 0)."
-            )
+    def _recomputed_prox(self, samples: list[Sample], plans) -> dict[int, torch.Tensor]:
+        """The recompute forward when the method needs it (timed as `prox_logp`), or when
+        approximation errors are logged against it (timed apart, as `prox_reference`)."""
+        if self.algo.prox == "recompute":
+            with self.timer.phase("prox_logp"):
+                return self.recompute_prox_logp(samples, plans)
+        if self.error_schedules:
+            with self.timer.phase("prox_reference"):
+                return self.recompute_prox_logp(samples, plans)
+        return {}
+
+    def _micro_batch_tensors(self, samples: list[Sample], advantages: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A micro-batch's per-token inputs, concatenated sample by sample, on the device."""
+        behave = self._to_device(torch.cat([s.behave_logp for s in samples]))
+        sizes = [s.response_ids.numel() for s in samples]
+        return {
+            "behave": behave,
+            "versions": self._to_device(torch.cat([s.versions for s in samples])),
+            "advantages": self._to_device(torch.cat([a.expand(n) for a, n in zip(advantages, sizes)])),
+            "mask": torch.ones_like(behave, dtype=torch.bool),
+        }
 
     def approximate_prox(self, behave: torch.Tensor, logp: torch.Tensor, versions: torch.Tensor,
-                         version: int, finite_flags: list[torch.Tensor] | None = None) -> torch.Tensor:
+                         version: int) -> torch.Tensor:
         """One micro-batch's proximal log-probs without a forward pass (coupled: the behaviour
-        policy itself). Public so the benchmark times exactly the trainer's code path.
-
-        The finite check stays on the device: a 0-dim flag is appended to `finite_flags` and
-        `step` reads them once per minibatch, instead of one host sync per micro-batch here.
-        """
-        if self.prox_method == "behave":
+        policy itself). The finite check is the caller's, once per minibatch (no host sync here)."""
+        if self.algo.prox == "behave":
             return behave
-        prox = approximate_prox_logp(behave, logp.detach(), versions, version, method=self.prox_method,
-                                     schedule=self.schedule, check_finite=finite_flags is None, **self.schedule_params)
-        if finite_flags is not None:
-            finite_flags.append(all_finite(prox))
-        return prox
+        return approximate_prox_logp(behave, logp.detach(), versions, version, method=self.algo.prox,
+                                     schedule=self.schedule, check_finite=False, **self.schedule_params)
 
-    @staticmethod
-    def _reduce(scalars, weights, grad_norms, losses, all_versions, version, batch) -> dict[str, float]:
-        """Combine per-micro-batch reductions into per-step metrics with one host transfer."""
-        total = weights.sum()
-        stacked = {name: torch.stack(values) for name, values in scalars.items()}
-        out: dict[str, torch.Tensor] = {
-            "actor/importance_weight/max": stacked["importance_weight/max"].max(),
-            "actor/importance_weight/min": stacked["importance_weight/min"].min(),
-            "actor/importance_weight/mean": (stacked["importance_weight/mean"] * weights).sum() / total,
-            "actor/behave_weight/max": stacked["behave_weight/max"].max(),
-            "actor/behave_weight/min": stacked["behave_weight/min"].min(),
-            "actor/behave_weight/mean": (stacked["behave_weight/mean"] * weights).sum() / total,
-            "actor/behave_weight/capped_tokens": stacked["behave_weight/capped_tokens"].sum(),
-            "actor/clipped_tokens": stacked["clipped_tokens"].sum(),
-            "actor/clip_ratio": stacked["clipped_tokens"].sum() / total,
-            "actor/approx_kl": (stacked["approx_kl/mean"] * weights).sum() / total,
-            "actor/entropy": (stacked["entropy"] * weights).sum() / total,
-            "actor/grad_norm": torch.stack([g.detach().float() for g in grad_norms]).mean(),
-            "actor/loss": torch.stack(losses).mean(),
-            "actor/valid_tokens": total,
-        }
-        for name, values in stacked.items():
-            if name.startswith("prox_error/"):
-                out[name] = (values * weights).sum() / total
-        out.update({name: value.to(total.device) for name, value in staleness_stats(all_versions, version).items()})
-        values = torch.stack([v.detach().float().reshape(()) for v in out.values()]).tolist()
-        metrics = dict(zip(out.keys(), values))
-        metrics.update(batch.stats)
-        return metrics
+
+def check_prox_finite(finite_flags: list[torch.Tensor]) -> None:
+    """Raise if any flag from `all_finite(prox)` is false: the one host sync of the check."""
+    if finite_flags and not bool(torch.stack(finite_flags).all()):
+        raise ValueError(
+            "approximate_prox_logp result has non-finite value(s) (NaN or Inf); all values must be finite. "
+            "Check behave_logp/target_logp for -inf (a token the policy gives probability 0)."
+        )

@@ -12,7 +12,6 @@ keys) and a wide frame would be mostly holes.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import warnings
@@ -22,6 +21,11 @@ from typing import Any
 
 import pandas as pd
 import yaml
+
+# One reader for metrics.jsonl (the trainer's); a run or line that cannot be used is skipped
+# with a RunSkippedWarning naming it.
+from a3po.metrics_log import SkippedMetricsWarning as RunSkippedWarning
+from a3po.metrics_log import read_metrics
 
 from analysis.identity import (  # noqa: F401  (re-exported: the loader's public names)
     DEFAULT_SCHEDULE,
@@ -53,10 +57,6 @@ TIDY_COLUMNS = IDENTITY_COLUMNS + ["step", "wall_time", "metric", "value", "comp
 class NoRunsError(FileNotFoundError):
     """Nothing to analyse: raised instead of returning an empty frame, because every
     downstream figure would silently come out blank."""
-
-
-class RunSkippedWarning(UserWarning):
-    """A run directory (or a line in it) could not be used; the message names it."""
 
 
 def add_labels(df: pd.DataFrame) -> pd.DataFrame:
@@ -153,31 +153,6 @@ def tidy_run(identity: Mapping[str, Any], records: Iterable[Mapping[str, Any]]) 
     frame = frame.astype({"step": "int64", "wall_time": "float64", "value": "float64", "staleness": "int64",
                           "max_staleness": "int64", "seed": "int64", "complete": "bool"})
     return frame[TIDY_COLUMNS]
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl ([] when there is none yet); a line that does not
-    parse (a run killed mid-write leaves a truncated last line) is skipped with a warning
-    naming it."""
-    records: list[dict[str, Any]] = []
-    if not Path(path).is_file():
-        return records
-    with open(path, encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                warnings.warn(f"{path}:{line_number}: skipped an unparsable line ({error.msg})",
-                              RunSkippedWarning, stacklevel=2)
-                continue
-            if isinstance(record, dict):
-                records.append(record)
-            else:
-                warnings.warn(f"{path}:{line_number}: skipped a line that is not a JSON object",
-                              RunSkippedWarning, stacklevel=2)
-    return records
 
 
 def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:

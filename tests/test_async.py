@@ -18,9 +18,10 @@ import time
 import pytest
 import torch
 
-from a3po.async_runtime import AsyncRuntime, HFCopyEngine, StalenessManager
+from a3po.async_runtime import AsyncRuntime, StalenessManager
+from a3po.rollout.hf import HFCopyEngine
 from a3po.rollout import GenerationCancelled
-from a3po.trainer import RolloutBatch, Sample
+from a3po.batch import RolloutBatch, Sample
 
 from conftest import REPO
 
@@ -59,7 +60,7 @@ class FakeProducer:
             raise GenerationCancelled("cancelled")
         time.sleep(self.seconds)
         samples = [Sample(prompt_ids=torch.tensor([1, 2]), response_ids=torch.tensor([3, 4, 5]),
-                          behave_logp=torch.zeros(3), versions=torch.full((3,), self.engine.version), group=g, reward=0.0)
+                          behave_logp=torch.zeros(3), versions=torch.full((3,), self.engine.version), reward=0.0)
                    for g in range(self.n_prompts)]
         return RolloutBatch(step=step, samples=samples, n_prompts=self.n_prompts, n_samples=1, stats={})
 
@@ -174,12 +175,11 @@ def test_hf_copy_engine_stages_an_update_that_arrives_mid_generation():
     from omegaconf import OmegaConf
 
     from a3po.models import load_policy
-    from a3po.rollout.hf import HFEngine
 
     from conftest import CONF_DIR
 
     policy, tokenizer = load_policy(OmegaConf.load(CONF_DIR / "model" / "tiny.yaml"), seed=0)
-    engine = HFCopyEngine.from_engine(HFEngine(policy, tokenizer, max_new_tokens=6))
+    engine = HFCopyEngine(policy, tokenizer, max_new_tokens=6)
     assert all(p.data_ptr() != q.data_ptr() for p, q in zip(policy.parameters(), engine.policy.parameters()))
     pushed = {}
 
@@ -211,7 +211,7 @@ ASYNC = ["runtime=async", "train.total_steps=5", "train.eval_every=2"]
 
 @pytest.mark.parametrize("eta", [0, 2])
 def test_async_run_never_exceeds_eta_and_leaves_no_thread(tiny_cfg, eta):
-    from a3po.logging import read_metrics
+    from a3po.metrics_log import read_metrics
     from a3po.train import run, run_dir_of
 
     cfg = tiny_cfg(*ASYNC, f"staleness={eta}")
@@ -230,7 +230,7 @@ def test_async_run_never_exceeds_eta_and_leaves_no_thread(tiny_cfg, eta):
 
 
 def test_async_run_resumes_from_its_checkpoint(tiny_cfg):
-    from a3po.logging import read_metrics
+    from a3po.metrics_log import read_metrics
     from a3po.train import run, run_dir_of
 
     cfg = tiny_cfg(*ASYNC, "train.max_steps_this_run=2", "train.checkpoint_every=1")
@@ -265,7 +265,7 @@ def test_sigterm_checkpoints_and_exits_cleanly(tiny_cfg, tmp_path):
     from omegaconf import OmegaConf
 
     from a3po.checkpoint import load_checkpoint
-    from a3po.logging import read_metrics
+    from a3po.metrics_log import read_metrics
     from a3po.train import run_dir_of
 
     cfg = tiny_cfg("runtime=async", "train.total_steps=400", "train.eval_every=0", "train.checkpoint_every=0",

@@ -10,44 +10,56 @@ import sys
 import pytest
 import torch
 
-from a3po.benchmark import (
-    DEFAULT_ALGOS,
-    TrafficCounter,
-    TrainingState,
-    algo_label,
-    main,
-    padding_stats,
-    parse_algo,
-    summarize,
-)
-from a3po.trainer import Sample
+from a3po.batch import Sample
+from a3po.benchmark import DEFAULT_ALGOS, main
+from a3po.benchmark.harness import TrafficCounter, summarize
+from a3po.benchmark.report import DOCS_HEADER, append_to_docs
+from a3po.benchmark.workload import TrainingState, algo_label, padding_stats, parse_algo
 
 from conftest import REPO
 
+DOCS = REPO / "docs" / "benchmarks.md"
 TINY_ARGS = [
     "model=tiny", "train.n_prompts=2", "train.n_samples=2", "train.n_minibatches=2", "train.token_budget=128",
     "staleness=2", "device=cpu",
     "--prompt-len", "12", "--response-len", "6", "--reps", "2", "--warmup", "1", "--threads", "1",
     "--approx-schedules", "inverse,exponential", "--kernel-tokens", "512", "--bandwidth-mib", "4",
     "--min-kernel-seconds", "0.001", "--no-progress", "--label", "test",
-    "--compare-trainer", str(REPO / "a3po" / "trainer.py"),
 ]
+# The fewest variants a run can have: for what a run writes, not what it measures.
+MINIMAL_ARGS = [
+    "model=tiny", "train.n_prompts=2", "train.n_samples=2", "train.n_minibatches=1", "train.token_budget=128",
+    "device=cpu", "--prompt-len", "8", "--response-len", "4", "--reps", "1", "--warmup", "1", "--threads", "1",
+    "--algos", "coupled", "--approx-methods", "loglinear", "--approx-schedules", "inverse", "--kernel-tokens", "64",
+    "--bandwidth-mib", "1", "--min-kernel-seconds", "0.0001", "--no-rollout", "--no-optimizer-kernels",
+    "--no-progress", "--label", "appended",
+]
+
+
+def _run(argv):
+    threads = torch.get_num_threads()
+    try:
+        return main(argv)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _docs_state():
+    return DOCS.read_bytes(), DOCS.stat().st_mtime_ns
 
 
 @pytest.fixture(scope="module")
 def tiny_report(tmp_path_factory):
+    """A default run (no --append-docs, no --docs), with the tracked docs file's bytes and
+    mtime before and after it."""
     out = tmp_path_factory.mktemp("bench")
-    docs = out / "docs" / "benchmarks.md"
-    threads = torch.get_num_threads()
-    try:
-        report = main([*TINY_ARGS, "--out", str(out / "run"), "--docs", str(docs)])
-    finally:
-        torch.set_num_threads(threads)
-    return report, out, docs
+    before = _docs_state()
+    report = _run([*TINY_ARGS, "--out", str(out / "run")])
+    return report, out, before, _docs_state()
 
 
 def test_report_is_well_formed(tiny_report):
-    report, out, _ = tiny_report
+    report, out, _, _ = tiny_report
     on_disk = json.loads((out / "run" / "benchmark.json").read_text())
     assert on_disk.keys() == report.keys()
     for key in ("command", "machine", "model", "options", "batch", "results", "derived", "elapsed_s"):
@@ -60,6 +72,7 @@ def test_report_is_well_formed(tiny_report):
                 *(f"step/{algo}" for algo in DEFAULT_ALGOS),
                 *(f"prox/{m}-{s}" for m in ("loglinear", "linear") for s in ("inverse", "exponential"))}
     assert expected <= results.keys()
+    assert not any("@baseline" in name for name in results)
     for name, entry in results.items():
         seconds = entry["seconds"]
         assert seconds["n"] == 2, name
@@ -68,11 +81,10 @@ def test_report_is_well_formed(tiny_report):
         assert seconds["median"] > 0 and seconds["min"] <= seconds["median"] <= seconds["max"], name
     for algo in DEFAULT_ALGOS:
         assert results[f"step/{algo}"]["prox_logp"]["median"] >= 0
-        assert f"step/{algo}@baseline" in results
     derived = on_disk["derived"]
     for key in ("prox_ratio_recompute_over_loglinear", "step_ratio_recompute_over_loglinear",
                 "step_ratio_ceiling", "memory_bandwidth_GBps", "bandwidth_floor", "throughput",
-                "speedup_over_baseline", "entropy_extra_s", "adamw_fused_speedup"):
+                "entropy_extra_s", "adamw_fused_speedup"):
         assert key in derived and derived[key], key
     assert all(math.isfinite(v) and v > 0 for v in (derived["prox_ratio_recompute_over_loglinear"],
                                                     derived["step_ratio_ceiling"]))
@@ -82,21 +94,41 @@ def test_report_is_well_formed(tiny_report):
 
 
 def test_every_step_repetition_starts_from_the_same_weights(tiny_report):
-    report, _, _ = tiny_report
-    for name in (f"step/{algo}{suffix}" for algo in DEFAULT_ALGOS for suffix in ("", "@baseline")):
+    report, _, _, _ = tiny_report
+    for name in (f"step/{algo}" for algo in DEFAULT_ALGOS):
         losses = [sample["loss"] for sample in report["results"][name]["raw"]]
         assert len(set(losses)) == 1, (name, losses)
 
 
-def test_markdown_has_a_row_per_algo_and_docs_get_header_and_command(tiny_report):
-    _, out, docs = tiny_report
+def test_markdown_has_a_row_per_algo(tiny_report):
+    _, out, _, _ = tiny_report
     markdown = (out / "run" / "benchmark.md").read_text()
+    assert markdown.startswith("# tiny (float32), 2x2 samples") and markdown.rstrip().endswith("|")
     for algo in DEFAULT_ALGOS:
         assert f"| step/{algo} |" in markdown
     assert "| prox/recompute |" in markdown and "| prox/loglinear-inverse |" in markdown
+    assert "model=tiny" in markdown and "Machine:" in markdown and ": test" in markdown
+    assert "| approximation | tokens |" in markdown and "| loglinear | 512 |" in markdown
+
+
+def test_default_run_leaves_the_tracked_docs_untouched(tiny_report):
+    _, _, before, after = tiny_report
+    assert after == before
+
+
+def test_append_docs_appends_a_section(tiny_report, tmp_path):
+    docs = tmp_path / "docs" / "benchmarks.md"
+    docs.parent.mkdir()
+    docs.write_text("# Benchmarks\n\nearlier section\n")
+    report = _run([*MINIMAL_ARGS, "--out", str(tmp_path / "run"), "--append-docs", "--docs", str(docs)])
     text = docs.read_text()
-    assert text.startswith("# Benchmarks")
-    assert "model=tiny" in text and "Machine:" in text and "test" in text
+    assert text.startswith("# Benchmarks\n\nearlier section\n\n## tiny (float32), 2x2 samples")
+    assert text.count("## tiny") == 1 and "model=tiny" in text and "Machine:" in text and ": appended" in text
+    assert "| step/coupled |" in text and report["command"] in text
+    # A docs file that does not exist yet starts with the page header.
+    fresh = tmp_path / "fresh.md"
+    append_to_docs(tiny_report[0], fresh)
+    assert fresh.read_text().startswith(DOCS_HEADER.rstrip("\n") + "\n\n## tiny")
 
 
 def test_parse_algo_and_summary():
@@ -111,7 +143,7 @@ def test_parse_algo_and_summary():
 def test_padding_stats_counts_count_times_longest():
     def sample(n_prompt, n_resp):
         return Sample(torch.zeros(n_prompt, dtype=torch.long), torch.zeros(n_resp, dtype=torch.long),
-                      torch.zeros(n_resp), torch.zeros(n_resp, dtype=torch.long), 0, 0.0)
+                      torch.zeros(n_resp), torch.zeros(n_resp, dtype=torch.long))
 
     samples = [sample(2, 8), sample(2, 4), sample(2, 2)]
     stats = padding_stats(samples, [[[0, 1], [2]]])
@@ -141,38 +173,41 @@ def test_entry_point_is_thin_and_documents_overrides(capsys, monkeypatch):
     with pytest.raises(SystemExit) as exit_info:
         runpy.run_path(str(REPO / "experiments" / "benchmark.py"), run_name="__main__")
     assert exit_info.value.code == 0
-    assert "Hydra overrides" in capsys.readouterr().out
+    help_text = capsys.readouterr().out
+    assert "Hydra overrides" in help_text and "--append-docs" in help_text and "git worktree" in help_text
+    assert "--no-docs" not in help_text and "--compare-trainer" not in help_text
 
 
-def test_trainer_approximation_runs_no_forward_and_its_deferred_check_still_raises():
-    """The approximation path allocates nothing vocabulary-sized and calls no module; the trainer
-    reads its finite flags once per minibatch (not one host sync per micro-batch), and a NaN
-    behaviour log-prob must still raise in the step, before the weights change."""
-    from a3po.benchmark import compose, load_group, synthetic_batch
+def test_approximation_runs_no_forward_and_a_nan_still_raises():
+    """The approximation probe (the trainer's per-micro-batch call) allocates nothing larger
+    than the token count and calls no module; a NaN behaviour log-prob raises there, and in
+    the trainer's step before the weights change."""
+    from a3po.benchmark.probes import approximate_step
+    from a3po.benchmark.workload import compose, make_trainer, synthetic_batch
     from a3po.models import load_policy
     from a3po.timer import PhaseTimer
-    from a3po.trainer import Trainer
-    from omegaconf import OmegaConf
 
     cfg = compose(["model=tiny", "train.n_prompts=2", "train.n_samples=2", "train.n_minibatches=1",
                    "train.token_budget=32"])
     policy, tokenizer = load_policy(cfg.model, seed=0)
-    trainer = Trainer(policy, algo_cfg=OmegaConf.create(load_group("algo", "loglinear")),
-                      schedule_cfg={"name": "inverse"}, train_cfg=cfg.train, temperature=1.0,
-                      pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer())
+    trainer = make_trainer(cfg, policy, tokenizer, "loglinear", "inverse", torch.device("cpu"), PhaseTimer())
     batch = synthetic_batch(trainer, vocab_size=policy.config.vocab_size, n_prompts=2, n_samples=2, prompt_len=8,
                             response_len=6, length_spread=0.5, staleness=2, version=3, token_budget=32, seed=0)
-    assert len(trainer.plan(batch.samples, torch.Generator().manual_seed(0))[0]) > 1  # several micro-batches
-    # The approximation path runs no forward and writes nothing larger than the token count.
+    plans = trainer.plan(batch.samples, torch.Generator().manual_seed(0))
+    assert len(plans[0]) > 1  # several micro-batches
+    micro_inputs = [(torch.cat([batch.samples[i].behave_logp for i in micro]),
+                     torch.cat([batch.samples[i].behave_logp for i in micro]) - 0.1,
+                     torch.cat([batch.samples[i].versions for i in micro])) for micro in plans[0]]
     forwards = []
     policy.register_forward_pre_hook(lambda *args: forwards.append(1))
-    tokens = sum(s.response_ids.numel() for s in batch.samples)
-    behave = torch.cat([s.behave_logp for s in batch.samples])
-    versions = torch.cat([s.versions for s in batch.samples])
+    largest_micro = max(behave.numel() for behave, _, _ in micro_inputs)
     with TrafficCounter() as traffic:
-        trainer.approximate_prox(behave, behave - 0.1, versions, 3, [])
-    assert not forwards and 0 < traffic.largest <= tokens
+        approximate_step(micro_inputs, 3, method="loglinear", schedule="inverse", schedule_params={})
+    assert not forwards and 0 < traffic.largest <= largest_micro
 
+    micro_inputs[-1][0][0] = float("nan")
+    with pytest.raises(ValueError, match="non-finite"):
+        approximate_step(micro_inputs, 3, method="loglinear", schedule="inverse", schedule_params={})
     batch.samples[-1].behave_logp[0] = float("nan")
     before = [p.detach().clone() for p in policy.parameters()]
     with pytest.raises(ValueError, match="non-finite"):

@@ -11,7 +11,7 @@ import torch
 
 from a3po.checkpoint import checkpoint_path
 from a3po.errors import ConfigError
-from a3po.logging import read_metrics
+from a3po.metrics_log import read_metrics
 from a3po.rundir import config_differences
 from a3po.train import run, run_dir_of
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from a3po.errors import ConfigError
-from a3po.logging import read_metrics
+from a3po.metrics_log import read_metrics
 from a3po.train import run, run_dir_of
 
 from conftest import REPO
@@ -26,9 +26,11 @@ REQUIRED_KEYS = [
 
 
 @pytest.mark.parametrize("staleness", [0, 2])
-@pytest.mark.parametrize("algo", ["coupled", "recompute", "loglinear", "linear", "metrics"])
+@pytest.mark.parametrize("algo", ["coupled", "recompute", "loglinear", "linear", "loglinear+errors"])
 def test_every_algo_trains_and_logs_every_metric(tiny_cfg, algo, staleness):
-    cfg = tiny_cfg(f"algo={algo}", f"staleness={staleness}")
+    log_errors = algo.endswith("+errors")
+    algo = algo.removesuffix("+errors")
+    cfg = tiny_cfg(f"algo={algo}", f"staleness={staleness}", f"train.log_prox_errors={log_errors}")
     run(cfg)
     run_dir = run_dir_of(cfg)
     assert run_dir.name == f"{algo}-d{staleness}-s0"
@@ -42,9 +44,12 @@ def test_every_algo_trains_and_logs_every_metric(tiny_cfg, algo, staleness):
         assert record["staleness/max"] == min(t, staleness)
         assert record["staleness/min"] == min(t, staleness)
     assert "eval/reward" in records[1] and "eval/reward" in records[2] and "eval/reward" not in records[0]
-    if algo == "metrics":
+    if log_errors:  # against the recompute forward, timed apart from time/prox_logp
         assert "prox_error/inverse/logp_abs" in records[0]
         assert "prox_error/exponential-linear/iw_abs" in records[0]
+        assert all(r["time/prox_reference"] > 0 for r in records)
+    else:
+        assert not any(k.startswith("prox_error/") for k in records[0])
     assert (run_dir / "config.yaml").exists()
     # finished: the completion marker stays, the resume state goes (train.keep_checkpoint=false)
     assert json.loads((run_dir / "finished.json").read_text())["steps"] == 3

@@ -64,12 +64,8 @@ def setup():
     engine.close()
 
 
-def _samples(generations):
-    from a3po.trainer import Sample
-
-    return [Sample(prompt_ids=g.prompt_ids, response_ids=g.response_ids, behave_logp=g.behave_logp,
-                   versions=g.versions, group=i, reward=0.0)
-            for i, group in enumerate(generations) for g in group]
+def _samples(groups):
+    return [sample for group in groups for sample in group]
 
 
 def _trainer_logp(trainer, samples, state=None):
@@ -200,7 +196,7 @@ def test_cancel_ends_generation_and_close_releases_the_engine(setup):
 def test_async_run_with_vllm_bounds_staleness_and_shuts_down(tiny_cfg):
     """The whole loop: vLLM generates in the rollout thread while the trainer trains, weights are
     pushed after every step (interrupting generation in flight), and close() ends it all."""
-    from a3po.logging import read_metrics
+    from a3po.metrics_log import read_metrics
     from a3po.train import run, run_dir_of
 
     cfg = tiny_cfg("rollout=vllm", "runtime=async", "staleness=1", "train.total_steps=4", "train.eval_every=2",

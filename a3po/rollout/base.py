@@ -10,37 +10,11 @@ middle of a sequence; A-3PO's approximation is per token for exactly that reason
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 import torch
 
-
-@dataclass
-class Generation:
-    """One sampled response.
-
-    prompt_ids: the prompt's token ids (no padding).
-    response_ids: the generated token ids, EOS included when one was produced, no padding.
-    behave_logp: float32 log-prob of each response token under the behavior policy that
-        sampled it (temperature and top-p applied exactly as sampled).
-    versions: int64 policy version stamped on each response token when it was generated.
-    """
-
-    prompt_ids: torch.Tensor
-    response_ids: torch.Tensor
-    behave_logp: torch.Tensor
-    versions: torch.Tensor
-    finished: bool = True
-    extras: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        n = self.response_ids.numel()
-        if self.behave_logp.numel() != n or self.versions.numel() != n:
-            raise ValueError(
-                f"Generation: response_ids has {n} tokens but behave_logp has "
-                f"{self.behave_logp.numel()} and versions {self.versions.numel()}; they must match"
-            )
+from a3po.batch import Sample
 
 
 class GenerationCancelled(RuntimeError):
@@ -55,7 +29,7 @@ class RolloutEngine(Protocol):
 
     def generate(
         self, prompt_ids: Sequence[Sequence[int]], n_samples: int, *, seed: int
-    ) -> list[list[Generation]]:
+    ) -> list[list[Sample]]:
         """Sample `n_samples` responses per prompt; result[i][j] is sample j of prompt i."""
         ...
 

@@ -38,7 +38,8 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from a3po.errors import ConfigError
-from a3po.rollout.base import Generation, GenerationCancelled, StagedWeightUpdates
+from a3po.batch import Sample
+from a3po.rollout.base import GenerationCancelled, StagedWeightUpdates
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +202,7 @@ class VLLMEngine(StagedWeightUpdates):
             output_kind=RequestOutputKind.DELTA,
         )
 
-    def generate(self, prompt_ids: Sequence[Sequence[int]], n_samples: int, *, seed: int) -> list[list[Generation]]:
+    def generate(self, prompt_ids: Sequence[Sequence[int]], n_samples: int, *, seed: int) -> list[list[Sample]]:
         with self._generate_lock:
             if self._cancelled.is_set():
                 raise GenerationCancelled("generation cancelled: the engine is shutting down")
@@ -254,7 +255,7 @@ class VLLMEngine(StagedWeightUpdates):
                     sequence.finish_reason = completion.finish_reason
                     sequence.version_spans = getattr(completion, "weight_versions", None)
 
-    def _generation(self, sequence: _Sequence) -> Generation:
+    def _generation(self, sequence: _Sequence) -> Sample:
         if any(lp is None for lp in sequence.logprobs) or len(sequence.logprobs) != len(sequence.token_ids):
             raise RuntimeError("vLLM returned a token without its log-prob; is max_logprobs >= 0 and logprobs=0 set?")
         versions = torch.tensor(sequence.versions, dtype=torch.long)
@@ -262,13 +263,12 @@ class VLLMEngine(StagedWeightUpdates):
             # the engine core's own labels, attached when it produced the tokens
             for span in sequence.version_spans:
                 versions[span.start:span.end] = int(span.version)
-        return Generation(
+        return Sample(
             prompt_ids=torch.tensor(sequence.prompt_ids, dtype=torch.long),
             response_ids=torch.tensor(sequence.token_ids, dtype=torch.long),
             behave_logp=torch.tensor(sequence.logprobs, dtype=torch.float32),
             versions=versions,
             finished=sequence.finish_reason == "stop",
-            extras={"finish_reason": sequence.finish_reason},
         )
 
     # ------------------------------------------------------------------ lifecycle

@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,22 +25,43 @@ def wandb_run_id(experiment_name: str, run_name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{experiment_name}-{run_name}")[:128]
 
 
+class SkippedMetricsWarning(UserWarning):
+    """Logged metrics that could not be read (a truncated line, a run with no metrics) were skipped."""
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    records = []
-    if not path.exists():
+    """The records of a metrics.jsonl ([] when there is none yet). A line that does not
+    parse (a run killed mid-write leaves a truncated last line) is skipped with a warning
+    naming the file and line."""
+    records: list[dict[str, Any]] = []
+    if not Path(path).is_file():
         return records
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            log.warning("skipping an incomplete line in %s", path)
+    with open(path, encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                warnings.warn(f"{path}:{line_number}: skipped an unparsable line ({error.msg})",
+                              SkippedMetricsWarning, stacklevel=2)
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+            else:
+                warnings.warn(f"{path}:{line_number}: skipped a line that is not a JSON object",
+                              SkippedMetricsWarning, stacklevel=2)
     return records
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None if math.isnan(value) else (1e308 if value > 0 else -1e308)
-    return value
+def jsonable(record: dict[str, Any]) -> dict[str, Any]:
+    """The record with every non-finite float as JSON null (NaN and +-Inf are not JSON), with
+    a warning naming the keys: a null in the log is a value that was not a number."""
+    bad = [key for key, value in record.items() if isinstance(value, float) and not math.isfinite(value)]
+    if bad:
+        log.warning("step %s: non-finite values logged as null: %s", record.get("step"),
+                    ", ".join(f"{key}={record[key]}" for key in bad))
+    return {key: (None if key in bad else value) for key, value in record.items()}
 
 
 class MetricsLogger:
@@ -69,7 +91,7 @@ class MetricsLogger:
             )
 
     def log(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
+        self._file.write(json.dumps(jsonable(record)) + "\n")
         self._file.flush()
         if self._wandb is not None:
             self._wandb.log(record, step=int(record["step"]))
