@@ -1,0 +1,180 @@
+"""Per-token policy-gradient objectives of the decoupled loss: ppo, gspo, cispo.
+
+Each objective returns, per token, the loss term BEFORE the behaviour weight; a correction
+(a3po/corrections.py) supplies that weight, and the loss is
+
+    loss = sum_t keep_t * weight_t * per_token_t / n_valid        (`policy_loss` below)
+
+The trust-region ratio is r_t = pi_theta(y_t) / pi_prox(y_t) = exp(logp - prox_logp), with
+prox_logp and the advantages detached. Every peer cited below applies its objective to
+pi_theta / pi_old, pi_old being the policy at the start of the step (verl's and TRL's
+old_log_prob, AReaL's proximal_logprobs): our pi_prox, recomputed or approximated (A-3PO).
+Nothing here syncs with the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from a3po.corrections import CORRECTIONS, Correction, sequence_mean
+
+__all__ = ["Objective", "OBJECTIVES", "PROX_METHODS", "compute_objective", "policy_loss", "check_combination"]
+
+# How a run obtains pi_prox (the values of `algo.prox` in conf/algo/*.yaml).
+PROX_METHODS = ("behave", "recompute", "loglinear", "linear")
+# log r is clamped here before exp: exp(80) = 5.5e34 fits float32, so a ratio never overflows
+# to inf, whose backward through a dropped token (grad 0 * inf) would be NaN (prime-rl #2972).
+# Below the bound the clamp returns its input bit for bit, gradient included.
+MAX_LOG_RATIO = 80.0
+
+
+@dataclass(frozen=True)
+class Objective:
+    """per_token: loss term per token (0 on invalid tokens), with gradient; clip_low /
+    clip_high: bool, valid tokens where the clipped branch is in force below 1 / above 1;
+    ratio: detached ratio the objective clips (per token, or the sequence ratio for gspo)."""
+
+    per_token: torch.Tensor
+    clip_low: torch.Tensor
+    clip_high: torch.Tensor
+    ratio: torch.Tensor
+
+
+def _check(logp, prox_logp, advantages, seq_index, valid, eps_clip, eps_clip_higher, closed=False) -> float:
+    """Shapes and clip range; returns eps_high. closed: eps_clip = 1 (no lower bound) allowed."""
+    shapes = {name: tuple(t.shape) for name, t in
+              dict(logp=logp, prox_logp=prox_logp, advantages=advantages, seq_index=seq_index, valid=valid).items()}
+    if len(set(shapes.values())) != 1:
+        raise ValueError(f"shape mismatch: {shapes}; these tensors must all have the same shape")
+    numeric = isinstance(eps_clip, (int, float)) and not isinstance(eps_clip, bool)
+    if not (numeric and (0 < eps_clip < 1 or (closed and eps_clip == 1))):
+        raise ValueError(f"eps_clip={eps_clip!r} is not allowed; it must be in {'(0, 1]' if closed else '(0, 1)'}")
+    high_numeric = isinstance(eps_clip_higher, (int, float)) and not isinstance(eps_clip_higher, bool)
+    if eps_clip_higher is not None and not (high_numeric and eps_clip_higher > 0):
+        raise ValueError(f"eps_clip_higher={eps_clip_higher!r} is not allowed; it must be > 0 (or None)")
+    return float(eps_clip if eps_clip_higher is None else eps_clip_higher)
+
+
+def _clipped_surrogate(ratio, advantages, mask, eps_clip, eps_high) -> Objective:
+    # The arithmetic of `ppo_actor_loss` (a3po/loss.py), operation for operation.
+    clipped_ratio = torch.clamp(ratio, 1.0 - eps_clip, 1.0 + eps_high)
+    surrogate = -advantages * ratio
+    surrogate_clipped = -advantages * clipped_ratio
+    clip_mask = (surrogate.detach() < surrogate_clipped.detach()) & mask
+    per_token = torch.where(mask, torch.maximum(surrogate, surrogate_clipped), 0.0)
+    r = ratio.detach()
+    return Objective(per_token, clip_mask & (r < 1.0), clip_mask & (r > 1.0), r)
+
+
+def ppo(logp, prox_logp, advantages, seq_index, valid, *, eps_clip: float,
+        eps_clip_higher: float | None = None) -> Objective:
+    """PPO clip: per_token = max(-A r, -A clip(r, 1 - eps, 1 + eps_high)), r = exp(logp - prox).
+
+    Exactly `ppo_actor_loss` (a3po/loss.py; AReaL's ppo_actor_loss_fn, areal/utils/functional)
+    before its behaviour weight: the same clipped-token definition (-A r < -A clip(r)), and
+    eps_clip_higher=None meaning symmetric; it differs only where log r > MAX_LOG_RATIO, where
+    ppo_actor_loss overflows. clip_high is the part of that set with r > 1 (A > 0),
+    clip_low the part with r < 1 (A < 0); together they are ppo_actor_loss's clip_mask.
+    """
+    eps_high = _check(logp, prox_logp, advantages, seq_index, valid, eps_clip, eps_clip_higher)
+    mask = valid.bool()
+    ratio = torch.where(mask, torch.exp(torch.clamp(logp - prox_logp.detach(), max=MAX_LOG_RATIO)), 0.0)
+    return _clipped_surrogate(ratio, advantages.detach(), mask, eps_clip, eps_high)
+
+
+def gspo(logp, prox_logp, advantages, seq_index, valid, *, eps_clip: float,
+         eps_clip_higher: float | None = None) -> Objective:
+    """GSPO: the PPO clip on the sequence ratio s_i = exp(mean_{t in i, valid} (logp_t - prox_t)).
+
+    Every token of sequence i gets max(-A_t s_i, -A_t clip(s_i, 1 - eps, 1 + eps_high)), so the
+    clip is decided per sequence (for GRPO advantages, constant within a sequence; we use the
+    per-token A as verl and TRL do, AReaL uses the sequence mean of A: the same for GRPO).
+    Gradient: the GSPO-token form of verl `loss_mode=gspo` (compute_policy_loss_gspo,
+    verl/trainer/ppo/core_algos.py): log s_{i,t} = (logp_t - sg(logp_t)) + sg(log s_i), whose
+    value is s_i and whose gradient goes to token t's own log-prob. Summed over a sequence with
+    equal token weights this is the gradient of s_i itself (TRL importance_sampling_level=
+    "sequence", AReaL importance_sampling_level="sequence"); unlike it, a per-token behaviour
+    weight then scales each token's own gradient. The mean runs over `valid` (AReaL: over the
+    tokens its rejection sampling kept; pass `keep` as valid for that). verl also clamps log s
+    at 10; we clamp at MAX_LOG_RATIO like ppo, so one-token sequences give exactly ppo. ratio = s_i per token.
+    """
+    eps_high = _check(logp, prox_logp, advantages, seq_index, valid, eps_clip, eps_clip_higher)
+    mask = valid.bool()
+    log_s = sequence_mean((logp - prox_logp).detach(), seq_index, mask)
+    # (logp - sg(logp)) first: an exact 0 in value, so the sum is exactly log s_i. Invalid
+    # tokens are zeroed first so a padding logp of -inf cannot make -inf - -inf = NaN.
+    logp_valid = torch.where(mask, logp, 0.0)
+    log_s_token = (logp_valid - logp_valid.detach()) + log_s
+    ratio = torch.where(mask, torch.exp(torch.clamp(log_s_token, max=MAX_LOG_RATIO)), 0.0)
+    return _clipped_surrogate(ratio, advantages.detach(), mask, eps_clip, eps_high)
+
+
+def cispo(logp, prox_logp, advantages, seq_index, valid, *, eps_clip: float,
+          eps_clip_higher: float | None = None) -> Objective:
+    """CISPO (MiniMax-M1): per_token = -sg(clip(r, 1 - eps, 1 + eps_high)) * A * logp.
+
+    The clipped ratio is a detached weight; the gradient -sg(clip(r)) A grad logp reaches every
+    token, clipped or not. verl `loss_mode=cispo` (compute_policy_loss_cispo, core_algos.py)
+    clips to [1 - clip_ratio_low, 1 + clip_ratio_high] (default 0.2 each); AReaL's
+    cispo_loss_fn (PR #1412) uses the same delta-from-1 bounds and recommends eps_clip = 1
+    (no lower bound) with eps_clip_higher = 4; TRL `loss_type="cispo"` caps r at epsilon_high
+    itself (recommended 5.0 = 1 + 4, no lower bound). So eps_clip may be 1 here (lower bound 0).
+    clip_low / clip_high: valid tokens with r outside the band, whatever the sign of A (the
+    weight is clipped there; AReaL logs the same; TRL counts r > eps_high with A > 0 only).
+    """
+    eps_high = _check(logp, prox_logp, advantages, seq_index, valid, eps_clip, eps_clip_higher, closed=True)
+    mask = valid.bool()
+    ratio = torch.where(mask, torch.exp((logp - prox_logp).detach()), 0.0)
+    clipped = torch.clamp(ratio, 1.0 - eps_clip, 1.0 + eps_high)
+    per_token = torch.where(mask, -clipped * advantages.detach() * logp, 0.0)
+    return Objective(per_token, mask & (ratio < 1.0 - eps_clip), mask & (ratio > 1.0 + eps_high), ratio)
+
+
+OBJECTIVES: dict[str, Callable[..., Objective]] = {"ppo": ppo, "gspo": gspo, "cispo": cispo}
+
+
+def compute_objective(name: str, logp, prox_logp, advantages, seq_index, valid, *, eps_clip: float,
+                      eps_clip_higher: float | None = None) -> Objective:
+    """Look up and run objective `name` (ValueError listing the allowed names otherwise)."""
+    if name not in OBJECTIVES:
+        raise ValueError(f"objective={name!r} is not allowed; allowed objectives: {sorted(OBJECTIVES)}")
+    return OBJECTIVES[name](logp, prox_logp, advantages, seq_index, valid,
+                            eps_clip=eps_clip, eps_clip_higher=eps_clip_higher)
+
+
+def policy_loss(objective: Objective, correction: Correction, valid: torch.Tensor) -> torch.Tensor:
+    """sum_t [keep_t] weight_t * per_token_t / max(1, n_valid), 0-dim.
+
+    `torch.where` on keep, not a product with it, so a dropped token whose per_token is inf
+    (r overflowed) adds exactly 0, never 0 * inf = NaN. With correction `none` and objective
+    `ppo` this is `ppo_actor_loss`'s loss bit for bit (same operations in the same order).
+    """
+    n_valid = valid.bool().sum().clamp(min=1)
+    return torch.where(correction.keep, objective.per_token * correction.weight, 0.0).sum() / n_valid
+
+
+def check_combination(objective: str, correction: str, prox_method: str) -> None:
+    """Raise ValueError (key, value and why) for a combination without meaning.
+
+    Unknown names are errors. The one meaningless combination: any correction other than
+    `none` with prox_method `behave` (coupled PPO). There pi_prox = pi_behave, so w = 1 on every
+    token and a correction of w can only do nothing, or (a bound below 1) scale or drop every
+    token alike. Every objective combines with every correction: gspo clips the sequence ratio
+    pi_theta/pi_prox while the correction weights each token's pi_prox/pi_behave, two ratios
+    AReaL also treats as orthogonal (importance_sampling_level vs rejection_sampling.level,
+    areal/utils/functional ppo_actor_loss_fn); cispo takes the same weight (AReaL cispo_loss_fn).
+    """
+    for key, value, allowed in (("objective", objective, sorted(OBJECTIVES)),
+                                ("correction", correction, sorted(CORRECTIONS)),
+                                ("prox_method", prox_method, list(PROX_METHODS))):
+        if value not in allowed:
+            raise ValueError(f"{key}={value!r} is not allowed; allowed: {allowed}")
+    if prox_method == "behave" and correction != "none":
+        raise ValueError(
+            f"correction={correction!r} is not allowed with prox_method='behave' (coupled PPO): the "
+            "behaviour weight pi_prox/pi_behave is exactly 1 there, so the correction has nothing to "
+            "correct; use correction=none, or a decoupled prox_method (recompute, loglinear, linear)"
+        )
