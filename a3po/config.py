@@ -28,22 +28,40 @@ def schedule_label(schedule: Mapping[str, Any]) -> str:
     return f"{name}{values}"
 
 
-def run_name(algo: str, schedule: Mapping[str, Any] | str, staleness: int, seed: int) -> str:
-    """`<algo>[-<schedule>]-d<staleness>-s<seed>`; the schedule appears only where the algo uses
-    one (a3po.algos) and it is not the paper's default `inverse`. No timestamp: a requeued job
+def group_label(group: Mapping[str, Any] | str | None, default: str) -> str | None:
+    """`icepop0.5_2`, `gspo0.0003_0.0004`: a correction's or objective's name and its numeric
+    parameters (`%g`, joined by `_`); None for the default (left out of run names)."""
+    if group is None:
+        return None
+    if isinstance(group, str):
+        group = {"name": group}
+    if group["name"] == default:
+        return None
+    values = [f"{float(v):g}" for k, v in group.items()
+              if k != "name" and isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return f"{group['name']}{'_'.join(values)}"
+
+
+def run_name(algo: str, schedule: Mapping[str, Any] | str, staleness: int, seed: int,
+             correction: Mapping[str, Any] | str | None = None, objective: Mapping[str, Any] | str | None = None) -> str:
+    """`<algo>[-<schedule>][-<correction>][-<objective>]-d<staleness>-s<seed>`. The schedule
+    appears only where the algo uses one (a3po.algos) and it is not the paper's `inverse`;
+    the correction unless `none`, the objective unless `ppo`. No timestamp: a requeued job
     finds it again. An unknown algo is named as given (validation reports it)."""
     if isinstance(schedule, str):
         schedule = {"name": schedule}
     label = schedule_label(schedule)
     uses_schedule = algo in ALGOS and ALGOS[algo].uses_schedule
-    middle = f"-{label}" if uses_schedule and label != "inverse" else ""
-    return f"{algo}{middle}-d{staleness}-s{seed}"
+    parts = [algo, label if uses_schedule and label != "inverse" else None,
+             group_label(correction, "none"), group_label(objective, "ppo")]
+    return "-".join(p for p in parts if p) + f"-d{staleness}-s{seed}"
 
 
-def _run_name_resolver(algo, schedule, staleness, seed) -> str:
-    if isinstance(schedule, DictConfig):
-        schedule = OmegaConf.to_container(schedule, resolve=True)
-    return run_name(str(algo), schedule, staleness, seed)
+def _run_name_resolver(algo, schedule, staleness, seed, correction=None, objective=None) -> str:
+    def plain(node):
+        return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+
+    return run_name(str(algo), plain(schedule), staleness, seed, plain(correction), plain(objective))
 
 
 def register_resolvers() -> None:
@@ -67,6 +85,38 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _validate_loss_axes(cfg: DictConfig) -> None:
+    """The correction and objective groups: known names, valid parameters, and a combination
+    with the proximal method that has a meaning."""
+    from a3po.corrections import CORRECTIONS, apply_correction
+    from a3po.objectives import OBJECTIVES, check_combination, check_clip
+
+    correction = OmegaConf.to_container(cfg.correction, resolve=True)
+    objective = OmegaConf.to_container(cfg.objective, resolve=True)
+    _require(correction.get("name") in CORRECTIONS, "correction.name", correction.get("name"), f"allowed: {sorted(CORRECTIONS)}")
+    _require(objective.get("name") in OBJECTIVES, "objective.name", objective.get("name"), f"allowed: {sorted(OBJECTIVES)}")
+    try:
+        apply_correction(correction["name"], *_probe_tokens(), params=correction)
+    except ValueError as err:
+        raise ConfigError(f"correction={correction['name']}: {err}") from None
+    try:
+        check_clip(objective["name"], objective.get("eps_clip"), objective.get("eps_clip_higher"))
+        check_combination(objective["name"], correction["name"], get_algo(cfg.algo.name).prox)
+    except ValueError as err:
+        raise ConfigError(f"objective={objective['name']}: {err}") from None
+    if correction["name"] != "none":
+        _require(cfg.train.behave_weight_cap is None, "train.behave_weight_cap", cfg.train.behave_weight_cap,
+                 f"it is the cap of correction=none; with correction={correction['name']} set that correction's own "
+                 "bounds (correction.*) and leave it null")
+
+
+def _probe_tokens():
+    """Three tokens of one sequence: enough for a correction to check its parameters."""
+    import torch
+
+    return torch.zeros(3), torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.bool)
+
+
 def validate_config(cfg: DictConfig) -> None:
     """Every check that needs no model, tokenizer or data. Raises ConfigError."""
     get_algo(cfg.algo.name)
@@ -75,6 +125,7 @@ def validate_config(cfg: DictConfig) -> None:
         validate_schedule(schedule.get("name"), schedule)
     except ValueError as err:
         raise ConfigError(f"schedule: {err}") from None
+    _validate_loss_axes(cfg)
     _require(isinstance(cfg.train.log_prox_errors, bool), "train.log_prox_errors", cfg.train.log_prox_errors,
              "it must be true or false")
     if cfg.train.log_prox_errors:

@@ -21,7 +21,7 @@ import torch
 
 from a3po.corrections import CORRECTIONS, Correction, sequence_mean
 
-__all__ = ["Objective", "OBJECTIVES", "PROX_METHODS", "compute_objective", "policy_loss", "check_combination"]
+__all__ = ["Objective", "OBJECTIVES", "PROX_METHODS", "compute_objective", "policy_loss", "check_combination", "check_clip"]
 
 # How a run obtains pi_prox (the values of `algo.prox` in conf/algo/*.yaml).
 PROX_METHODS = ("behave", "recompute", "loglinear", "linear")
@@ -49,6 +49,15 @@ def _check(logp, prox_logp, advantages, seq_index, valid, eps_clip, eps_clip_hig
               dict(logp=logp, prox_logp=prox_logp, advantages=advantages, seq_index=seq_index, valid=valid).items()}
     if len(set(shapes.values())) != 1:
         raise ValueError(f"shape mismatch: {shapes}; these tensors must all have the same shape")
+    return _clip_range(eps_clip, eps_clip_higher, closed)
+
+
+def check_clip(objective: str, eps_clip, eps_clip_higher) -> None:
+    """The clip range objective `objective` accepts (cispo alone allows eps_clip = 1), at start."""
+    _clip_range(eps_clip, eps_clip_higher, closed=objective == "cispo")
+
+
+def _clip_range(eps_clip, eps_clip_higher, closed: bool) -> float:
     numeric = isinstance(eps_clip, (int, float)) and not isinstance(eps_clip, bool)
     if not (numeric and (0 < eps_clip < 1 or (closed and eps_clip == 1))):
         raise ValueError(f"eps_clip={eps_clip!r} is not allowed; it must be in {'(0, 1]' if closed else '(0, 1)'}")

@@ -24,14 +24,17 @@ REDUCTIONS: dict[str, str] = {
     "actor/behave_weight/mean": "token_mean",
     "actor/behave_weight/capped_tokens": "sum",
     "actor/clipped_tokens": "sum",
+    "actor/clip_low": "token_mean",
+    "actor/clip_high": "token_mean",
     "actor/approx_kl": "token_mean",
     "actor/entropy": "token_mean",
     "actor/valid_tokens": "sum",
     "actor/grad_norm": "mb_mean",
     "actor/loss": "mb_mean",
 }
-# Families of names that share a reduction: every schedule's approximation error.
-PREFIX_REDUCTIONS = {"prox_error/": "token_mean"}
+# Families of names that share a reduction: every schedule's approximation error, the
+# corrections' dropped/truncated fractions, the off-policy diagnostics (a3po.diagnostics).
+PREFIX_REDUCTIONS = {"prox_error/": "token_mean", "correction/": "token_mean", "offpolicy/": "token_mean"}
 
 
 def reduction_of(name: str) -> str:

@@ -176,7 +176,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
                           interruptible=bool(cfg.runtime.get("interruptible", False)))
     trainer = Trainer(policy, algo_cfg=cfg.algo, schedule_cfg=OmegaConf.to_container(cfg.schedule, resolve=True),
                       train_cfg=cfg.train, temperature=cfg.rollout.temperature, pad_id=tokenizer.pad_token_id,
-                      device=device, timer=timer)
+                      device=device, timer=timer, correction_cfg=OmegaConf.to_container(cfg.correction, resolve=True),
+                      objective_cfg=OmegaConf.to_container(cfg.objective, resolve=True))
     # Rollout in another thread times itself on a timer of its own (see build_runtime).
     producer = RolloutProducer(cfg, task, tokenizer, engine, PhaseTimer(device) if concurrent else timer)
     runtime = build_runtime(cfg, producer, engine, step_timer=timer)

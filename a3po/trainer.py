@@ -18,7 +18,10 @@ from a3po.algos import get_algo
 from a3po.batch import RolloutBatch, Sample
 from a3po.device import autocast_dtype
 from a3po.errors import ConfigError
-from a3po.loss import grpo_advantages, ppo_actor_loss, token_logprobs, token_logprobs_and_entropy
+from a3po.corrections import apply_correction
+from a3po.diagnostics import offpolicy_metrics
+from a3po.loss import grpo_advantages, masked_max, masked_mean, masked_min, token_logprobs, token_logprobs_and_entropy
+from a3po.objectives import MAX_LOG_RATIO, compute_objective, policy_loss
 from a3po.proximal import approximate_prox_logp, approximation_errors, staleness_stats, validate_schedule
 from a3po.step_metrics import StepMetrics
 from a3po.timer import PhaseTimer
@@ -119,16 +122,17 @@ class _DeviceSpans:
         return self.cpu_seconds + sum(start.elapsed_time(end) for start, end in self.events) / 1000.0
 
 
-# The loss's reductions that are logged, under their `actor/` names.
-_LOSS_STATS = ("importance_weight/max", "importance_weight/min", "importance_weight/mean", "behave_weight/max",
-               "behave_weight/min", "behave_weight/mean", "behave_weight/capped_tokens", "clipped_tokens")
-
-
 class Trainer:
     def __init__(self, policy: torch.nn.Module, *, algo_cfg, schedule_cfg: Mapping[str, Any], train_cfg,
-                 temperature: float, pad_id: int, device: torch.device, timer: PhaseTimer) -> None:
+                 temperature: float, pad_id: int, device: torch.device, timer: PhaseTimer,
+                 correction_cfg: Mapping[str, Any] | None = None, objective_cfg: Mapping[str, Any] | None = None) -> None:
         self.policy = policy
         self.algo = get_algo(algo_cfg.name)
+        # The loss axes (conf/correction, conf/objective); the defaults are today's loss:
+        # the behaviour weight with train.behave_weight_cap as a mask, and PPO's clip.
+        self.correction = dict(correction_cfg or {"name": "none", "cap": train_cfg.behave_weight_cap})
+        self.objective = dict(objective_cfg or {"name": "ppo", "eps_clip": train_cfg.eps_clip,
+                                                "eps_clip_higher": train_cfg.eps_clip_higher})
         self.schedule = schedule_cfg["name"]
         self.schedule_params = validate_schedule(self.schedule, schedule_cfg)
         self.cfg = train_cfg
@@ -251,15 +255,11 @@ class Trainer:
                         with approximation_time.span():
                             prox = self.approximate_prox(tokens["behave"], logp, tokens["versions"], version)
                             finite_flags.append(all_finite(prox))
-                    loss, stats = ppo_actor_loss(
-                        logp, prox, tokens["behave"], tokens["advantages"], tokens["mask"], eps_clip=self.cfg.eps_clip,
-                        eps_clip_higher=self.cfg.eps_clip_higher, behave_weight_cap=self.cfg.behave_weight_cap)
+                    loss, stats = self.loss(logp, prox, tokens)
                     weight = logp.numel() / n_tokens  # token mean over the whole minibatch
                     (loss * weight).backward()
                     minibatch_loss = minibatch_loss + loss.detach() * weight
-                    metrics.add({f"actor/{name}": stats[name] for name in _LOSS_STATS}, n_tokens=logp.numel())
-                    metrics.add({"actor/approx_kl": stats["approx_kl/mean"], "actor/entropy": entropy.mean(),
-                                 "actor/valid_tokens": stats["valid_tokens"]}, n_tokens=logp.numel())
+                    metrics.add({**stats, "actor/entropy": entropy.mean()}, n_tokens=logp.numel())
                     if self.error_schedules:
                         reference = torch.cat([recomputed[i] for i in micro])
                         metrics.add(approximation_errors(reference, tokens["behave"], logp.detach(), tokens["versions"],
@@ -285,12 +285,47 @@ class Trainer:
                 return self.recompute_prox_logp(samples, plans)
         return {}
 
+    def loss(self, logp: torch.Tensor, prox: torch.Tensor, tokens: Mapping[str, torch.Tensor]
+             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One micro-batch's decoupled loss, objective x correction (a token mean over its valid
+        tokens; dropped tokens stay in the denominator), and its metrics as 0-dim tensors."""
+        behave, valid, seq = tokens["behave"], tokens["mask"], tokens["seq_index"]
+        prox = prox.detach()
+        correction = apply_correction(self.correction["name"], prox - behave, seq, valid, self.correction)
+        objective = compute_objective(self.objective["name"], logp, prox, tokens["advantages"], seq, valid,
+                                      eps_clip=self.objective["eps_clip"],
+                                      eps_clip_higher=self.objective.get("eps_clip_higher"))
+        ratio = torch.exp((logp.detach() - prox).clamp(max=MAX_LOG_RATIO))  # pi_theta / pi_prox per token
+        behave_weight = torch.exp((prox - behave).clamp(max=MAX_LOG_RATIO))  # before the correction
+        n_valid = valid.sum()
+        stats = {
+            "actor/importance_weight/max": masked_max(ratio, valid),
+            "actor/importance_weight/min": masked_min(ratio, valid),
+            "actor/importance_weight/mean": masked_mean(ratio, valid),
+            "actor/behave_weight/max": masked_max(behave_weight, valid),
+            "actor/behave_weight/min": masked_min(behave_weight, valid),
+            "actor/behave_weight/mean": masked_mean(behave_weight, valid),
+            "actor/behave_weight/capped_tokens": (valid & ~correction.keep).sum(),
+            "actor/clipped_tokens": (objective.clip_low | objective.clip_high).sum(),
+            "actor/clip_low": objective.clip_low.sum() / n_valid.clamp(min=1),
+            "actor/clip_high": objective.clip_high.sum() / n_valid.clamp(min=1),
+            "actor/approx_kl": masked_mean(logp.detach() - prox, valid),
+            "actor/valid_tokens": n_valid,
+            "correction/masked_low": correction.masked_low,
+            "correction/masked_high": correction.masked_high,
+            "correction/truncated": correction.truncated,
+            **offpolicy_metrics(behave, prox, logp, seq, valid),
+        }
+        return policy_loss(objective, correction, valid), stats
+
     def _micro_batch_tensors(self, samples: list[Sample], advantages: torch.Tensor) -> dict[str, torch.Tensor]:
         """A micro-batch's per-token inputs, concatenated sample by sample, on the device."""
         behave = self._to_device(torch.cat([s.behave_logp for s in samples]))
         sizes = [s.response_ids.numel() for s in samples]
+        seq_index = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
         return {
             "behave": behave,
+            "seq_index": self._to_device(seq_index),
             "versions": self._to_device(torch.cat([s.versions for s in samples])),
             "advantages": self._to_device(torch.cat([a.expand(n) for a, n in zip(advantages, sizes)])),
             "mask": torch.ones_like(behave, dtype=torch.bool),
