@@ -107,7 +107,7 @@ def ppo_actor_loss(
         "behave_weight": behave_weight,
         "clip_mask": clip_mask,
         "approx_kl": torch.where(mask, log_ratio, 0.0),
-        # reductions (0-dim tensors; DESIGN.md section 3 names without the `actor/` prefix)
+        # reductions (0-dim tensors; the logged names of docs/design.md without the `actor/` prefix)
         "importance_weight/max": masked_max(importance_weight, mask),
         "importance_weight/min": masked_min(importance_weight, mask),
         "importance_weight/mean": masked_mean(importance_weight, mask),

@@ -18,21 +18,24 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from a3po.algos import ALGOS
+from a3po.corrections import CORRECTIONS as CORRECTION_REGISTRY
+
 # The defaults that labels leave out, so the paper's method reads as plain `loglinear`.
 DEFAULT_SCHEDULE = "inverse"
 DEFAULT_CORRECTION = "none"
 DEFAULT_OBJECTIVE = "ppo"
 DEFAULT_RUNTIME = "lagged"
 
-# Correction names in the order the corrections figure puts them on its x axis.
-CORRECTIONS = ["none", "tis", "icepop", "seq_tis", "seq_mis", "m2po"]
+# Correction names (the trainer's registry) in the order the corrections figure draws them.
+CORRECTIONS = list(CORRECTION_REGISTRY)
 
-# Legend and table order: the baseline, the paper's method, the other interpolation, coupled.
+# Legend and table order: the baseline, the paper's method, the other interpolation, coupled;
+# `metrics` names runs logged before it became the flag train.log_prox_errors.
 ALGO_ORDER = ["recompute", "loglinear", "linear", "coupled", "metrics"]
 
-# Algorithms whose proximal policy depends on the schedule, for configs that predate
-# `algo.uses_schedule`.
-SCHEDULE_ALGOS = {"loglinear", "linear"}
+# Algorithms whose proximal policy depends on the schedule: the trainer's registry.
+SCHEDULE_ALGOS = {name for name, algo in ALGOS.items() if algo.uses_schedule}
 
 ASYNC_SUFFIX = " (async)"
 
@@ -121,8 +124,9 @@ def _fields(config: Mapping[str, Any], run: str) -> dict[str, str]:
     the run name's segment when the name has one (what the user sees in the directory) and
     from the config otherwise."""
     algo = str(lookup(config, "algo.name") or run.split("-", 1)[0])
+    # the registry decides; configs written before it carried `algo.uses_schedule`
     uses_schedule = lookup(config, "algo.uses_schedule")
-    uses_schedule = algo in SCHEDULE_ALGOS if uses_schedule is None else _as_bool(uses_schedule)
+    uses_schedule = algo in SCHEDULE_ALGOS if uses_schedule is None or algo in ALGOS else _as_bool(uses_schedule)
     schedule = group_label(config, "schedule", "", joiner="") if uses_schedule else ""
     correction = group_label(config, "correction", DEFAULT_CORRECTION)
     objective = group_label(config, "objective", DEFAULT_OBJECTIVE)
