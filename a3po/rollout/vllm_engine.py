@@ -21,6 +21,12 @@ Why the engine is built the way it is:
 - Each token's version is the label vLLM's engine core attaches when it produces the token
   (`set_weight_version`), so a token is never stamped with a version read after its request
   returned.
+- Scheduling is synchronous (`async_scheduling=False`): each `engine.step()` schedules, runs
+  and samples one batch and returns its tokens before the next is scheduled, so a reload
+  between two steps is seen by every token sampled after it and by none before. vLLM turns
+  async scheduling on by default on GPU, where a step schedules the next batch while the
+  previous one is still running (a batch queue of two): a token could then be sampled by
+  weights other than the version it is stamped with.
 """
 
 from __future__ import annotations
@@ -138,6 +144,10 @@ class VLLMEngine(StagedWeightUpdates):
                 enable_prefix_caching=bool(rollout_cfg.get("enable_prefix_caching", True)),
                 logprobs_mode="processed_logprobs",
                 max_logprobs=0,
+                # Per-token versions are right only if a step is synchronous: with async scheduling
+                # (vLLM's default on GPU) the next batch is scheduled and started while the previous
+                # one runs, so tokens in flight across a reload_weights would carry the wrong version.
+                async_scheduling=False,
             )
             if rollout_cfg.get("max_num_seqs") is not None:
                 kwargs["max_num_seqs"] = int(rollout_cfg.max_num_seqs)
@@ -160,6 +170,11 @@ class VLLMEngine(StagedWeightUpdates):
             llm = LLM(**kwargs)
             start_seconds = time.perf_counter() - started
             set_rng_state(saved_rng)
+            if not _scheduling_is_synchronous(llm):
+                llm.llm_engine.engine_core.shutdown()
+                _destroy_vllm_process_groups()
+                raise RuntimeError("vLLM enabled async scheduling although async_scheduling=False was asked for; "
+                                   "the per-token weight versions would be wrong")
         except BaseException:
             shutil.rmtree(model_dir, ignore_errors=True)
             raise
@@ -291,6 +306,16 @@ class VLLMEngine(StagedWeightUpdates):
                 _destroy_vllm_process_groups()
                 if self._model_dir is not None:
                     shutil.rmtree(self._model_dir, ignore_errors=True)
+
+
+def _scheduling_is_synchronous(llm) -> bool:
+    """Whether each engine step runs one batch to its sampled tokens before the next is
+    scheduled: async scheduling off and no batch queue (vLLM 0.32's in-process engine core)."""
+    engine = llm.llm_engine
+    if engine.vllm_config.scheduler_config.async_scheduling:
+        return False
+    core = getattr(getattr(engine, "engine_core", None), "engine_core", None)  # InprocClient -> EngineCore
+    return getattr(core, "batch_queue", None) is None
 
 
 def _destroy_vllm_process_groups() -> None:

@@ -66,6 +66,61 @@ def _find_split_file(directory: Path, split: str) -> Path | None:
     return matches[0] if matches else None
 
 
+LOCAL_FORMAT = (
+    "one JSON object a line with fields question and answer (the worked solution, ending in "
+    f"'{ANSWER_MARKER} <final answer>'), or a directory with train and test jsonl/parquet files "
+    "in that format"
+)
+
+
+def _hub_unreachable_errors() -> tuple[type[BaseException], ...]:
+    """What loading from the hub raises when the hub cannot be reached (no network, offline
+    mode, not cached) or does not serve the dataset: nothing else is turned into a config error."""
+    errors: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    try:
+        from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
+
+        errors += [LocalEntryNotFoundError, OfflineModeIsEnabled]
+    except ImportError:  # pragma: no cover - depends on the installed huggingface_hub
+        pass
+    try:
+        from datasets.exceptions import DatasetNotFoundError
+
+        errors.append(DatasetNotFoundError)
+    except ImportError:  # pragma: no cover - depends on the installed datasets
+        pass
+    try:
+        import requests
+
+        errors.append(requests.exceptions.RequestException)
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        import httpx
+
+        errors.append(httpx.TransportError)
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(errors)
+
+
+def _load_from_hub(hub_id: str, hub_config: str):
+    """`datasets.load_dataset`, with an unreachable hub reported as a config error that says
+    how to give a local copy instead of a traceback from deep inside `datasets`."""
+    import datasets
+
+    try:
+        return datasets.load_dataset(hub_id, hub_config)
+    except _hub_unreachable_errors() as error:
+        offline = [name for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+                   if os.environ.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")]
+        reason = f"{type(error).__name__}: {error}" + (f"; {' and '.join(offline)} set" if offline else "")
+        raise ConfigError(
+            f"task=gsm8k could not load {hub_id} (config {hub_config}) from the hub ({reason}); "
+            f"set task.path=/path/to/gsm8k.jsonl, {LOCAL_FORMAT}"
+        ) from error
+
+
 def load_gsm8k(
     path: str | None,
     hub_id: str = DEFAULT_HUB_ID,
@@ -74,9 +129,7 @@ def load_gsm8k(
 ) -> tuple[list[Problem], list[Problem]]:
     """Return (train, held_out) problem lists."""
     if path is None:
-        import datasets
-
-        dataset = datasets.load_dataset(hub_id, hub_config)
+        dataset = _load_from_hub(hub_id, hub_config)
         return (
             _to_problems(dataset["train"], f"{hub_id}:train"),
             _to_problems(dataset["test"], f"{hub_id}:test"),
