@@ -51,26 +51,8 @@ def _check_shapes(**tensors: torch.Tensor) -> None:
         raise ValueError(f"shape mismatch: {shapes}; these tensors must all have the same shape")
 
 
-def ppo_actor_loss(
-    logp: torch.Tensor,
-    prox_logp: torch.Tensor,
-    behave_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    loss_mask: torch.Tensor,
-    *,
-    eps_clip: float,
-    eps_clip_higher: float | None = None,
-    behave_weight_cap: float | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Decoupled PPO (Hilton et al. 2022) as in AReaL's `ppo_actor_loss_fn`.
-
-    r = exp(logp - prox_logp) is clipped to [1 - eps_clip, 1 + eps_clip_higher]; the
-    surrogate max(-A r, -A clip(r)) is multiplied by the detached behaviour weight
-    w = exp(prox_logp - behave_logp); tokens with w > behave_weight_cap get weight 0 but stay
-    in the denominator (the count of all valid tokens). Coupled PPO is prox_logp = behave_logp.
-    prox_logp is an anchor: it is detached here whatever the caller passes.
-    """
-    _check_shapes(logp=logp, prox_logp=prox_logp, behave_logp=behave_logp, advantages=advantages, loss_mask=loss_mask)
+def _check_clip_and_cap(eps_clip, eps_clip_higher, behave_weight_cap) -> float:
+    """ValueError naming the argument for a bad clip range or cap; returns the upper clip."""
     if not eps_clip > 0:
         raise ValueError(f"eps_clip={eps_clip!r} is not allowed; it must be > 0")
     eps_high = eps_clip if eps_clip_higher is None else eps_clip_higher
@@ -78,7 +60,26 @@ def ppo_actor_loss(
         raise ValueError(f"eps_clip_higher={eps_clip_higher!r} is not allowed; it must be > 0 (or None)")
     if behave_weight_cap is not None and not behave_weight_cap > 0:
         raise ValueError(f"behave_weight_cap={behave_weight_cap!r} is not allowed; it must be > 0 (or None)")
+    return eps_high
 
+
+def ppo_actor_loss(logp: torch.Tensor, prox_logp: torch.Tensor, behave_logp: torch.Tensor, advantages: torch.Tensor,
+                   loss_mask: torch.Tensor, *, eps_clip: float, eps_clip_higher: float | None = None,
+                   behave_weight_cap: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Decoupled PPO (Hilton et al. 2022) as in AReaL's `ppo_actor_loss_fn`.
+
+    r = exp(logp - prox_logp) is clipped to [1 - eps_clip, 1 + eps_clip_higher]; the
+    surrogate max(-A r, -A clip(r)) is multiplied by the detached behaviour weight
+    w = exp(prox_logp - behave_logp); tokens with w > behave_weight_cap get weight 0 but stay
+    in the denominator (the count of all valid tokens). Coupled PPO is prox_logp = behave_logp.
+    prox_logp is an anchor: it is detached here whatever the caller passes.
+
+    The reference of the default loss, written as AReaL writes it: the trainer composes the
+    same loss from `objective=ppo` x `correction=none` (a3po.objectives, a3po.corrections),
+    and tests/test_objectives.py holds the two equal bit for bit, gradient included.
+    """
+    _check_shapes(logp=logp, prox_logp=prox_logp, behave_logp=behave_logp, advantages=advantages, loss_mask=loss_mask)
+    eps_high = _check_clip_and_cap(eps_clip, eps_clip_higher, behave_weight_cap)
     mask = loss_mask.bool()
     prox_logp = prox_logp.detach()
     behave_logp = behave_logp.detach()

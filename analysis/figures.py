@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.markdown import print_written
 from analysis.figures_corrections import corrections_panel
 from analysis.figures_panels import approx_error, fig2_reward_wallclock, staleness_panel
 from analysis.figures_steps import fig1_prox_time, fig3_entropy, fig4_importance_weight, fig5_clipped_tokens
@@ -98,10 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     markdown, summary_paths = write_summary(df, out_dir)
     written.extend(summary_paths)
     print(markdown)
-    print("files written:")
-    for path in written:
-        print(f"  {path}")
-    return 0
+    return print_written(written)
 
 
 if __name__ == "__main__":

@@ -66,3 +66,11 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeri
 
     rule = ["-" * (width + 1) + ":" if i >= numeric_from else "-" * (width + 2) for i, width in enumerate(widths)]
     return "\n".join([line(cells[0]), "|" + "|".join(rule) + "|"] + [line(row) for row in cells[1:]])
+
+
+def print_written(paths) -> int:
+    """The CLIs' last words: every file written, one per line; returns exit status 0."""
+    print("files written:")
+    for path in paths:
+        print(f"  {path}")
+    return 0

@@ -28,7 +28,7 @@ from analysis.claims import __doc__ as CLAIMS_DOC
 from analysis.figures import make_figures
 from analysis.identity import lookup
 from analysis.load import NoRunsError, load_configs, load_runs
-from analysis.markdown import fmt, markdown_table
+from analysis.markdown import fmt, markdown_table, print_written
 from analysis.plotting import SaveOptions
 from analysis.scalars import run_scalars
 from analysis.summary import summary_markdown, summary_table
@@ -174,10 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NoRunsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print("files written:")
-    for path in written:
-        print(f"  {path}")
-    return 0
+    return print_written(written)
 
 
 if __name__ == "__main__":

