@@ -29,6 +29,8 @@ from typing import Callable, Mapping
 
 import torch
 
+from a3po.shapes import check_same_shape
+
 __all__ = ["Correction", "CORRECTIONS", "CORRECTION_PARAMS", "apply_correction", "per_sequence_mean", "sequence_mean"]
 
 
@@ -46,9 +48,7 @@ class Correction:
 
 
 def _check_inputs(log_w: torch.Tensor, seq_index: torch.Tensor, valid: torch.Tensor) -> None:
-    shapes = {"log_w": tuple(log_w.shape), "seq_index": tuple(seq_index.shape), "valid": tuple(valid.shape)}
-    if len(set(shapes.values())) != 1:
-        raise ValueError(f"shape mismatch: {shapes}; these tensors must all have the same shape")
+    check_same_shape(log_w=log_w, seq_index=seq_index, valid=valid)
     if not log_w.dtype.is_floating_point:
         raise ValueError(f"log_w must be floating point, got {log_w.dtype}")
     if seq_index.dtype.is_floating_point or seq_index.dtype == torch.bool:

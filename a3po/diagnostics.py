@@ -18,6 +18,7 @@ import math
 import torch
 
 from a3po.corrections import per_sequence_mean
+from a3po.shapes import check_same_shape
 
 __all__ = ["ess", "offpolicy_metrics", "LOG_RATIO_BOUND"]
 
@@ -47,8 +48,7 @@ def ess(w: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     compute_is_metrics, as 1 / mean((w / mean w)^2), the same number). Scale-invariant, so it is
     computed on w / max(w) and cannot overflow. 1 when no entry is valid; 0 when all are 0.
     """
-    if w.shape != valid.shape:
-        raise ValueError(f"shape mismatch: w {tuple(w.shape)} vs valid {tuple(valid.shape)}")
+    check_same_shape(w=w, valid=valid)
     valid = valid.bool()
     w = w.detach().float()
     top = torch.where(valid, w, 0.0).amax() if w.numel() else w.new_zeros(())
@@ -85,10 +85,7 @@ def offpolicy_metrics(behave_logp: torch.Tensor, prox_logp: torch.Tensor, logp: 
 
     logp is detached: this is a metric, not a loss.
     """
-    tensors = dict(behave_logp=behave_logp, prox_logp=prox_logp, logp=logp, seq_index=seq_index, valid=valid)
-    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
-    if len(set(shapes.values())) != 1:
-        raise ValueError(f"shape mismatch: {shapes}; these tensors must all have the same shape")
+    check_same_shape(behave_logp=behave_logp, prox_logp=prox_logp, logp=logp, seq_index=seq_index, valid=valid)
     valid = valid.bool()
     behave = behave_logp.detach().float()
     log_w = prox_logp.detach().float() - behave

@@ -11,10 +11,11 @@ import math
 
 import torch
 
+from a3po.shapes import check_same_shape
+
 __all__ = [
     "ppo_actor_loss",
     "token_logprobs",
-    "token_entropy",
     "token_logprobs_and_entropy",
     "grpo_advantages",
     "masked_max",
@@ -45,12 +46,6 @@ def masked_min(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask.any(), result, torch.zeros_like(result))
 
 
-def _check_shapes(**tensors: torch.Tensor) -> None:
-    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
-    if len(set(shapes.values())) != 1:
-        raise ValueError(f"shape mismatch: {shapes}; these tensors must all have the same shape")
-
-
 def _check_clip_and_cap(eps_clip, eps_clip_higher, behave_weight_cap) -> float:
     """ValueError naming the argument for a bad clip range or cap; returns the upper clip."""
     if not eps_clip > 0:
@@ -78,7 +73,7 @@ def ppo_actor_loss(logp: torch.Tensor, prox_logp: torch.Tensor, behave_logp: tor
     same loss from `objective=ppo` x `correction=none` (a3po.objectives, a3po.corrections),
     and tests/test_objectives.py holds the two equal bit for bit, gradient included.
     """
-    _check_shapes(logp=logp, prox_logp=prox_logp, behave_logp=behave_logp, advantages=advantages, loss_mask=loss_mask)
+    check_same_shape(logp=logp, prox_logp=prox_logp, behave_logp=behave_logp, advantages=advantages, loss_mask=loss_mask)
     eps_high = _check_clip_and_cap(eps_clip, eps_clip_higher, behave_weight_cap)
     mask = loss_mask.bool()
     prox_logp = prox_logp.detach()
@@ -130,6 +125,14 @@ def _chunked_rows(logits: torch.Tensor) -> list[tuple[int, int]]:
     return [(start, min(start + LOGPROB_CHUNK_ROWS, n_rows)) for start in range(0, n_rows, LOGPROB_CHUNK_ROWS)]
 
 
+def _flat_rows(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [..., V] and tokens [...] as [rows, V] and [rows], after checking the shapes agree."""
+    if logits.shape[:-1] != tokens.shape:
+        raise ValueError(f"shape mismatch: logits {tuple(logits.shape)} vs tokens {tuple(tokens.shape)}; "
+                         "logits must be tokens' shape plus a vocabulary dimension")
+    return logits.reshape(-1, logits.shape[-1]), tokens.reshape(-1)
+
+
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[token] without a full-vocabulary log-softmax tensor.
 
@@ -137,11 +140,7 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     selective_log_softmax does), so memory stays O(chunk x vocab) whatever the batch.
     logits: [..., V]; tokens: [...] (int64). Differentiable.
     """
-    if logits.shape[:-1] != tokens.shape:
-        raise ValueError(f"shape mismatch: logits {tuple(logits.shape)} vs tokens {tuple(tokens.shape)}; "
-                         "logits must be tokens' shape plus a vocabulary dimension")
-    flat_logits = logits.reshape(-1, logits.shape[-1])
-    flat_tokens = tokens.reshape(-1)
+    flat_logits, flat_tokens = _flat_rows(logits, tokens)
     pieces = []
     for start, end in _chunked_rows(flat_logits):
         chunk = flat_logits[start:end].float()
@@ -158,25 +157,10 @@ def _entropy_of_rows(chunk: torch.Tensor, log_z: torch.Tensor) -> torch.Tensor:
     return -(torch.exp(log_probs) * log_probs).sum(-1)
 
 
-def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits) per position, chunked, float32, detached (a logged metric)."""
-    flat_logits = logits.detach().reshape(-1, logits.shape[-1])
-    pieces = []
-    for start, end in _chunked_rows(flat_logits):
-        chunk = flat_logits[start:end].float()
-        pieces.append(_entropy_of_rows(chunk, torch.logsumexp(chunk, dim=-1)))
-    out = torch.cat(pieces) if pieces else flat_logits.new_zeros(0, dtype=torch.float32)
-    return out.reshape(logits.shape[:-1])
-
-
 def token_logprobs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Both at once, sharing the logsumexp: the training forward needs both and the vocab
     pass is the expensive part. The log-probs carry gradient, the entropy does not."""
-    if logits.shape[:-1] != tokens.shape:
-        raise ValueError(f"shape mismatch: logits {tuple(logits.shape)} vs tokens {tuple(tokens.shape)}; "
-                         "logits must be tokens' shape plus a vocabulary dimension")
-    flat_logits = logits.reshape(-1, logits.shape[-1])
-    flat_tokens = tokens.reshape(-1)
+    flat_logits, flat_tokens = _flat_rows(logits, tokens)
     logp_pieces, entropy_pieces = [], []
     for start, end in _chunked_rows(flat_logits):
         chunk = flat_logits[start:end].float()

@@ -16,13 +16,15 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from a3po.cfg_access import cfg_get
 from a3po.errors import ConfigError
+from a3po.rng import seeded
 
 MODEL_SOURCES = ("smollm2_gguf", "hub", "tiny")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -58,13 +60,6 @@ def smollm2_cache_dir() -> Path:
     return cache_root() / SMOLLM2_CACHE_NAME
 
 
-def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
-    """Read a key from a DictConfig or a plain dict without importing OmegaConf here."""
-    if isinstance(cfg, Mapping):
-        return cfg.get(key, default)
-    return getattr(cfg, key, default) if hasattr(cfg, key) else default
-
-
 def _looks_local(path: str) -> bool:
     return path.startswith(("/", "./", "../", "~")) or os.path.isdir(os.path.expanduser(path))
 
@@ -90,16 +85,16 @@ def find_smollm2_gguf() -> Path | None:
 
 def validate_model_cfg(model_cfg: Any) -> None:
     """Fail at start-up, before minutes of loading, with a message naming the bad key."""
-    source = _cfg_get(model_cfg, "source")
+    source = cfg_get(model_cfg, "source")
     if source not in MODEL_SOURCES:
         raise ConfigError(
             f"model.source={source!r} is not a known model source; allowed: {list(MODEL_SOURCES)}"
         )
-    dtype = _cfg_get(model_cfg, "dtype", "float32")
+    dtype = cfg_get(model_cfg, "dtype", "float32")
     if dtype not in DTYPES:
         raise ConfigError(f"model.dtype={dtype!r} is not supported; allowed: {list(DTYPES)}")
     if source == "hub":
-        path = _cfg_get(model_cfg, "path")
+        path = cfg_get(model_cfg, "path")
         if not path or not isinstance(path, str):
             raise ConfigError(
                 f"model.path={path!r}: source 'hub' needs a hub id "
@@ -119,12 +114,12 @@ def validate_model_cfg(model_cfg: Any) -> None:
             )
     elif source == "tiny":
         for key in TINY_SIZE_KEYS:
-            value = _cfg_get(model_cfg, key)
+            value = cfg_get(model_cfg, key)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"model.{key}={value!r}: source 'tiny' needs a positive integer")
-        heads = _cfg_get(model_cfg, "num_attention_heads")
-        kv_heads = _cfg_get(model_cfg, "num_key_value_heads")
-        hidden = _cfg_get(model_cfg, "hidden_size")
+        heads = cfg_get(model_cfg, "num_attention_heads")
+        kv_heads = cfg_get(model_cfg, "num_key_value_heads")
+        hidden = cfg_get(model_cfg, "hidden_size")
         if hidden % heads:
             raise ConfigError(
                 f"model.hidden_size={hidden} must be divisible by model.num_attention_heads={heads}"
@@ -139,14 +134,14 @@ def validate_model_cfg(model_cfg: Any) -> None:
 def load_policy(model_cfg: Any, *, device: str | torch.device = "cpu", seed: int = 0):
     """Return `(model, tokenizer)` ready for left-padded batched generation on `device`."""
     validate_model_cfg(model_cfg)
-    source = _cfg_get(model_cfg, "source")
-    dtype = DTYPES[_cfg_get(model_cfg, "dtype", "float32")]
+    source = cfg_get(model_cfg, "source")
+    dtype = DTYPES[cfg_get(model_cfg, "dtype", "float32")]
     if source == "smollm2_gguf":
         model_dir = ensure_smollm2_converted()
         model, tokenizer = _load_pretrained(str(model_dir), dtype)
         _check_chat_template(tokenizer, model_dir)
     elif source == "hub":
-        model, tokenizer = _load_pretrained(os.path.expanduser(_cfg_get(model_cfg, "path")), dtype)
+        model, tokenizer = _load_pretrained(os.path.expanduser(cfg_get(model_cfg, "path")), dtype)
     else:
         model, tokenizer = _build_tiny(model_cfg, dtype, seed)
     _prepare_tokenizer(tokenizer)
@@ -340,11 +335,11 @@ def _build_tiny(model_cfg: Any, dtype: torch.dtype, seed: int):
     _prepare_tokenizer(tokenizer)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=_cfg_get(model_cfg, "hidden_size"),
-        intermediate_size=_cfg_get(model_cfg, "intermediate_size"),
-        num_hidden_layers=_cfg_get(model_cfg, "num_hidden_layers"),
-        num_attention_heads=_cfg_get(model_cfg, "num_attention_heads"),
-        num_key_value_heads=_cfg_get(model_cfg, "num_key_value_heads"),
+        hidden_size=cfg_get(model_cfg, "hidden_size"),
+        intermediate_size=cfg_get(model_cfg, "intermediate_size"),
+        num_hidden_layers=cfg_get(model_cfg, "num_hidden_layers"),
+        num_attention_heads=cfg_get(model_cfg, "num_attention_heads"),
+        num_key_value_heads=cfg_get(model_cfg, "num_key_value_heads"),
         max_position_embeddings=2048,
         rope_theta=100000.0,
         tie_word_embeddings=True,
@@ -355,7 +350,6 @@ def _build_tiny(model_cfg: Any, dtype: torch.dtype, seed: int):
     )
     # A private RNG scope: the model is a function of `seed` alone and the caller's global
     # RNG stream (which the trainer checkpoints) is left untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded(seed):
         model = LlamaForCausalLM(config)
     return model.to(dtype), tokenizer

@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from a3po.corrections import CORRECTIONS, Correction, sequence_mean
+from a3po.shapes import check_same_shape
 
 __all__ = ["Objective", "OBJECTIVES", "PROX_METHODS", "compute_objective", "policy_loss", "check_combination", "check_clip"]
 
@@ -45,10 +46,7 @@ class Objective:
 
 def _check(logp, prox_logp, advantages, seq_index, valid, eps_clip, eps_clip_higher, closed=False) -> float:
     """Shapes and clip range; returns eps_high. closed: eps_clip = 1 (no lower bound) allowed."""
-    shapes = {name: tuple(t.shape) for name, t in
-              dict(logp=logp, prox_logp=prox_logp, advantages=advantages, seq_index=seq_index, valid=valid).items()}
-    if len(set(shapes.values())) != 1:
-        raise ValueError(f"shape mismatch: {shapes}; these tensors must all have the same shape")
+    check_same_shape(logp=logp, prox_logp=prox_logp, advantages=advantages, seq_index=seq_index, valid=valid)
     return _clip_range(eps_clip, eps_clip_higher, closed)
 
 

@@ -25,12 +25,13 @@ from typing import Callable, Mapping
 
 import torch
 
+from a3po.shapes import check_same_shape
+
 __all__ = [
     "SCHEDULES",
     "METHODS",
     "approximate_prox_logp",
     "target_weight",
-    "behave_weight_of_staleness",
     "approximation_errors",
     "staleness_stats",
     "validate_schedule",
@@ -44,37 +45,45 @@ LINEAR_LOG_EPS = 1e-10
 # ---------------------------------------------------------------------------------------
 # Alpha schedules. Each maps staleness d >= 1 (a float32 tensor) to the TARGET weight alpha;
 # the behaviour weight is 1 - alpha. d == 0 and prompt tokens never reach a schedule: they
-# get alpha = 0 (the behaviour policy itself) in `target_weight`.
+# get alpha = 0 (the behaviour policy itself) in `target_weight`. Each function's first
+# comment gives its behaviour weight w_b(d) = 1 - alpha(d) (docs/design.md section 1.3).
 # ---------------------------------------------------------------------------------------
 
 
 def _inverse(staleness: torch.Tensor) -> torch.Tensor:
+    # w_b = 1/d (alpha = (d-1)/d; the A-3PO default).
     # Written as (d - 1) / d rather than 1 - 1/d: the same float32 rounding as AReaL's
     # (v_prox - v_behave) / (v_theta - v_behave), whose operands equal d - 1 and d exactly.
     return (staleness - 1.0) / staleness
 
 
 def _inverse_sqrt(staleness: torch.Tensor) -> torch.Tensor:
+    # w_b = 1/sqrt(d)
     return 1.0 - torch.rsqrt(staleness)
 
 
 def _exponential(staleness: torch.Tensor, gamma: float) -> torch.Tensor:
+    # w_b = gamma^(d-1)
     return 1.0 - torch.pow(torch.as_tensor(gamma, dtype=staleness.dtype), staleness - 1.0)
 
 
 def _linear_decay(staleness: torch.Tensor, horizon: float) -> torch.Tensor:
+    # w_b = max(0, 1 - (d-1)/horizon)
     return 1.0 - torch.clamp(1.0 - (staleness - 1.0) / horizon, min=0.0)
 
 
 def _constant(staleness: torch.Tensor, c: float) -> torch.Tensor:
+    # w_b = c
     return torch.full_like(staleness, 1.0 - c)
 
 
 def _behave(staleness: torch.Tensor) -> torch.Tensor:
+    # w_b = 1: anchor on the behaviour policy.
     return torch.zeros_like(staleness)
 
 
 def _target(staleness: torch.Tensor) -> torch.Tensor:
+    # w_b = 0: anchor on the detached current policy.
     return torch.ones_like(staleness)
 
 
@@ -100,19 +109,16 @@ class Schedule:
     target_weight: Callable[..., torch.Tensor]
     params: tuple[str, ...] = ()
     checks: Mapping[str, Callable[[float], None]] = field(default_factory=dict)
-    formula: str = ""
 
 
 SCHEDULES: dict[str, Schedule] = {
-    "inverse": Schedule(_inverse, formula="w_b = 1/d (alpha = (d-1)/d; A-3PO default)"),
-    "inverse_sqrt": Schedule(_inverse_sqrt, formula="w_b = 1/sqrt(d)"),
-    "exponential": Schedule(_exponential, ("gamma",), {"gamma": _check_gamma}, "w_b = gamma^(d-1)"),
-    "linear_decay": Schedule(
-        _linear_decay, ("horizon",), {"horizon": _check_horizon}, "w_b = max(0, 1-(d-1)/horizon)"
-    ),
-    "constant": Schedule(_constant, ("c",), {"c": _check_c}, "w_b = c"),
-    "behave": Schedule(_behave, formula="w_b = 1 (anchor on the behaviour policy)"),
-    "target": Schedule(_target, formula="w_b = 0 (anchor on the detached current policy)"),
+    "inverse": Schedule(_inverse),
+    "inverse_sqrt": Schedule(_inverse_sqrt),
+    "exponential": Schedule(_exponential, ("gamma",), {"gamma": _check_gamma}),
+    "linear_decay": Schedule(_linear_decay, ("horizon",), {"horizon": _check_horizon}),
+    "constant": Schedule(_constant, ("c",), {"c": _check_c}),
+    "behave": Schedule(_behave),
+    "target": Schedule(_target),
 }
 
 METHODS = ("loglinear", "linear")
@@ -140,19 +146,6 @@ def validate_schedule(schedule: str, schedule_params: Mapping[str, float]) -> di
     return params
 
 
-def behave_weight_of_staleness(staleness: torch.Tensor, schedule: str = "inverse", **schedule_params) -> torch.Tensor:
-    """w_b(d) for a tensor of staleness values (d >= 0); w_b(0) = 1 for every schedule.
-
-    The function the ablation figures plot; `target_weight` uses the same registry.
-    """
-    params = validate_schedule(schedule, schedule_params)
-    staleness = staleness.float()
-    stale = staleness >= 1
-    safe = torch.where(stale, staleness, torch.ones_like(staleness))
-    alpha = torch.where(stale, SCHEDULES[schedule].target_weight(safe, **params), 0.0)
-    return 1.0 - alpha.clamp(0.0, 1.0)
-
-
 def target_weight(
     versions: torch.Tensor, current_version: int, schedule: str = "inverse", **schedule_params
 ) -> torch.Tensor:
@@ -167,12 +160,6 @@ def target_weight(
     safe = torch.where(interpolate, staleness, torch.ones_like(staleness))
     alpha = torch.where(interpolate, SCHEDULES[schedule].target_weight(safe, **params), 0.0)
     return torch.clamp(alpha, 0.0, 1.0)
-
-
-def _check_same_shape(**tensors: torch.Tensor) -> None:
-    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
-    if len(set(shapes.values())) != 1:
-        raise ValueError(f"shape mismatch: {shapes}; these tensors must all have the same shape")
 
 
 def _check_finite(name: str, value: torch.Tensor) -> None:
@@ -205,7 +192,7 @@ def approximate_prox_logp(
     """
     if method not in METHODS:
         raise ValueError(f"method={method!r} is not allowed; allowed methods: {list(METHODS)}")
-    _check_same_shape(behave_logp=behave_logp, target_logp=target_logp, versions=versions)
+    check_same_shape(behave_logp=behave_logp, target_logp=target_logp, versions=versions)
     if not behave_logp.dtype.is_floating_point or not target_logp.dtype.is_floating_point:
         raise ValueError(
             f"behave_logp and target_logp must be floating point, got {behave_logp.dtype} and {target_logp.dtype}"
@@ -230,7 +217,7 @@ def staleness_stats(versions: torch.Tensor, current_version: int, mask: torch.Te
     """
     generated = versions >= 0
     if mask is not None:
-        _check_same_shape(versions=versions, mask=mask)
+        check_same_shape(versions=versions, mask=mask)
         generated = generated & mask.bool()
     staleness = (float(current_version) - versions.float())
     count = generated.sum()
@@ -260,7 +247,7 @@ def approximation_errors(
     weight |exp(prox_approx - behave) - exp(prox_true - behave)| (`bw_abs`). Keys are
     `prox_error/<schedule>/...` for loglinear and `prox_error/<schedule>-linear/...` for linear.
     """
-    _check_same_shape(prox_logp_true=prox_logp_true, behave_logp=behave_logp, target_logp=target_logp,
+    check_same_shape(prox_logp_true=prox_logp_true, behave_logp=behave_logp, target_logp=target_logp,
                       versions=versions, loss_mask=loss_mask)
     mask = loss_mask.bool()
     count = mask.sum().clamp(min=1)

@@ -11,7 +11,6 @@ from a3po.proximal import (
     SCHEDULES,
     approximate_prox_logp,
     approximation_errors,
-    behave_weight_of_staleness,
     staleness_stats,
     target_weight,
 )
@@ -70,7 +69,8 @@ def test_hand_computed_linear_inverse():
 
 
 def test_hand_computed_target_weights_every_schedule():
-    d = torch.tensor([0.0, 1.0, 2.0, 4.0])
+    current = 4
+    versions = torch.tensor([4, 3, 2, 0])  # staleness d = 0, 1, 2, 4
     expected_behave_weight = {
         "inverse": [1, 1, 1 / 2, 1 / 4],
         "inverse_sqrt": [1, 1, 1 / math.sqrt(2), 1 / 2],
@@ -81,7 +81,7 @@ def test_hand_computed_target_weights_every_schedule():
         "target": [1, 0, 0, 0],
     }
     for name, weights in expected_behave_weight.items():
-        got = behave_weight_of_staleness(d, name, **SCHEDULE_PARAMS[name])
+        got = 1.0 - target_weight(versions, current, name, **SCHEDULE_PARAMS[name])
         torch.testing.assert_close(got, torch.tensor(weights, dtype=torch.float32), msg=name)
 
 

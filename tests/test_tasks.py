@@ -389,3 +389,40 @@ def test_prompt_uses_the_chat_template():
     assert prompt.startswith("<|im_start|>system\n")
     assert prompt.endswith("<|im_end|>\n<|im_start|>assistant\n")
     assert f"Calculate 2 + 2.\n{ANSWER_INSTRUCTION}" in prompt
+
+
+# ----------------------------------------------------------------------------- calibration
+
+
+def test_calibration_samples_exactly_what_the_rollout_engine_samples():
+    """`python -m a3po.tasks.calibrate` goes through `HFEngine.generate` with the trainer's prompt
+    encoding: the same seed gives the same completions, and the caller's RNG stream stays put."""
+    import torch
+
+    from a3po.models import CONVERSION_MARKER, load_policy, smollm2_cache_dir
+    from a3po.rollout.hf import HFEngine
+    from a3po.tasks import encode_prompt
+    from a3po.tasks.calibrate import measure_mean_reward
+
+    if not (smollm2_cache_dir() / CONVERSION_MARKER).exists():
+        pytest.skip("needs the converted SmolLM2 cache (created by tests/test_models.py)")
+    torch.set_num_threads(1)
+    model_cfg = OmegaConf.load(REPO / "conf" / "model" / "tiny.yaml")
+    model, tokenizer = load_policy(model_cfg, seed=0)
+    task = arith(1)
+    torch.manual_seed(7)
+    before = torch.random.get_rng_state()
+    result = measure_mean_reward(model, tokenizer, task, n_prompts=3, n_samples=2, max_new_tokens=6,
+                                 batch_size=4, seed=11)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert result["n"] == 6 and len(result["examples"]) == 4
+    assert 0.0 <= result["mean_reward"] <= 1.0 and 0.0 <= result["malformed_rate"] <= 1.0
+
+    problems = task.train_batch(0, 3)
+    prompt_ids = [encode_prompt(tokenizer, p.question) for p in problems]
+    assert prompt_ids[0] == tokenizer(render_prompt(tokenizer, problems[0].question),
+                                      add_special_tokens=False).input_ids
+    groups = HFEngine(model, tokenizer, max_new_tokens=6, batch_size=4).generate(prompt_ids, 2, seed=11)
+    expected = [(p.question, p.answer, tokenizer.decode(s.response_ids, skip_special_tokens=True))
+                for p, group in zip(problems, groups) for s in group]
+    assert [example[:3] for example in result["examples"]] == expected[:4]

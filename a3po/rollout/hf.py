@@ -18,6 +18,7 @@ import torch
 
 from a3po.batch import Sample
 from a3po.device import autocast_dtype
+from a3po.rng import seeded
 from a3po.rollout.base import GenerationCancelled, StagedWeightUpdates
 
 
@@ -25,7 +26,6 @@ class HFEngine:
     def __init__(self, policy: torch.nn.Module, tokenizer, *, temperature: float = 1.0, top_p: float = 1.0,
                  max_new_tokens: int = 32, batch_size: int | None = None, version: int = 0) -> None:
         self.policy = policy
-        self.tokenizer = tokenizer
         self.temperature = float(temperature)
         self.top_p = float(top_p)
         self.max_new_tokens = int(max_new_tokens)
@@ -56,14 +56,10 @@ class HFEngine:
         """Sample n_samples per prompt; the RNG is seeded here so a batch depends on (weights, seed) only."""
         requests = [list(ids) for ids in prompt_ids for _ in range(n_samples)]
         chunk = self.batch_size or len(requests)
-        generator_state = torch.random.get_rng_state()
-        torch.manual_seed(seed)
-        try:
-            flat: list[Sample] = []
+        flat: list[Sample] = []
+        with seeded(seed):
             for start in range(0, len(requests), chunk):
                 flat.extend(self._generate_chunk(requests[start:start + chunk]))
-        finally:
-            torch.random.set_rng_state(generator_state)
         return [flat[i * n_samples:(i + 1) * n_samples] for i in range(len(prompt_ids))]
 
     def _generate_chunk(self, requests: list[list[int]]) -> list[Sample]:

