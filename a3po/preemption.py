@@ -5,7 +5,9 @@ SLURM (through submitit) sends USR2 some time before preemption or timeout; subm
 handler requeues the job and exits the process at once. Exiting mid-step would lose the
 work since the last checkpoint, so we only record the signal, finish the step, write
 `last.pt`, and then call submitit's handler, which requeues; the requeued job resumes.
-A second Ctrl-C interrupts immediately.
+With no handler before ours (a local run or a local sweep getting SIGTERM), the process then
+exits with 128 + the signal number, as the default action would have, so a local sweep
+stops instead of starting its next run. A second Ctrl-C interrupts immediately.
 """
 
 from __future__ import annotations
@@ -56,3 +58,5 @@ class GracefulStop:
         self.__exit__()
         if callable(previous):
             previous(self.signum, None)
+        elif previous == signal.SIG_DFL:
+            raise SystemExit(128 + self.signum)
