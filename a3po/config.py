@@ -6,6 +6,7 @@ with the key, the value and what is allowed, not twenty minutes later in a trace
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
@@ -117,6 +118,24 @@ def _probe_tokens():
     return torch.zeros(3), torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.bool)
 
 
+def validate_world(cfg: DictConfig, world: int) -> None:
+    """Every rank of a distributed run (a3po.distributed) needs at least one sample of every
+    minibatch: the smallest of the step's n_minibatches parts must hold `world` samples."""
+    train = cfg.train
+    n = train.n_prompts * train.n_samples
+    smallest = n // train.n_minibatches
+    if world <= smallest:
+        return
+    allowed = (f"allowed: train.n_minibatches <= {n // world} at {world} processes, or at most {smallest} processes "
+               f"(torchrun --nproc-per-node) at train.n_minibatches={train.n_minibatches}"
+               if n >= world else f"raise train.n_prompts * train.n_samples (now {n}) to at least {world}, or run fewer processes")
+    raise ConfigError(
+        f"train.n_minibatches={train.n_minibatches} is not allowed with a world size of {world} processes: "
+        f"train.n_prompts * train.n_samples = {n} samples cut into {train.n_minibatches} minibatches leaves "
+        f"{smallest} in the smallest, and each of the {world} ranks needs at least one; {allowed}"
+    )
+
+
 def validate_config(cfg: DictConfig) -> None:
     """Every check that needs no model, tokenizer or data. Raises ConfigError."""
     get_algo(cfg.algo.name)
@@ -125,7 +144,6 @@ def validate_config(cfg: DictConfig) -> None:
         validate_schedule(schedule.get("name"), schedule)
     except ValueError as err:
         raise ConfigError(f"schedule: {err}") from None
-    _validate_loss_axes(cfg)
     _require(isinstance(cfg.train.log_prox_errors, bool), "train.log_prox_errors", cfg.train.log_prox_errors,
              "it must be true or false")
     if cfg.train.log_prox_errors:
@@ -162,6 +180,7 @@ def validate_config(cfg: DictConfig) -> None:
              f"allowed: {list(ON_CONFIG_CHANGE)}")
     _require(train.max_steps_this_run is None or (_is_int(train.max_steps_this_run) and train.max_steps_this_run >= 1),
              "train.max_steps_this_run", train.max_steps_this_run, "it must be an integer >= 1, or null")
+    _validate_loss_axes(cfg)  # after train.*: the ppo objective's clip is train.eps_clip
 
     rollout = cfg.rollout
     from a3po.rollout import ENGINES
@@ -171,6 +190,9 @@ def validate_config(cfg: DictConfig) -> None:
              rollout.max_new_tokens, "it must be an integer >= 1")
     _require(_is_number(rollout.temperature) and rollout.temperature > 0, "rollout.temperature", rollout.temperature, "it must be > 0")
     _require(_is_number(rollout.top_p) and 0 < rollout.top_p <= 1, "rollout.top_p", rollout.top_p, "it must be in (0, 1]")
+    rollout_device = rollout.get("device")
+    _require(rollout_device is None or rollout_device in DEVICES or re.fullmatch(r"cuda:\d+", str(rollout_device)),
+             "rollout.device", rollout_device, f"allowed: null (the trainer's device), {list(DEVICES)} or cuda:<index>")
     # A sequence is at least one prompt token plus the longest response; a micro-batch must hold one.
     _require(train.token_budget > rollout.max_new_tokens, "train.token_budget", train.token_budget,
              f"it must exceed rollout.max_new_tokens={rollout.max_new_tokens} so one sequence fits a micro-batch")

@@ -65,15 +65,16 @@ def _neutral(key: str) -> bool:
 
 def config_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
     """(key, old value, new value) for every key that changes results; a missing key shows as
-    `<absent>`. Growing `train.total_steps` is not a difference; shrinking it is."""
+    `<absent>`, and is no difference where the other side is null (a key added since, at its
+    null default). Growing `train.total_steps` is not a difference; shrinking it is."""
     old_flat, new_flat = flatten(old), flatten(new)
     diffs = []
     for key in sorted(set(old_flat) | set(new_flat)):
         if _neutral(key):
             continue
         before, after = old_flat.get(key, "<absent>"), new_flat.get(key, "<absent>")
-        if before == after:
-            continue
+        if before == after or {before, after} == {"<absent>", None}:
+            continue  # a key added since the run started, at its null default, changes nothing
         if key == EXTENSIBLE_KEY and isinstance(before, int) and isinstance(after, int) and after > before:
             continue
         diffs.append((key, before, after))

@@ -10,11 +10,14 @@ from collections.abc import Mapping
 
 import torch
 
-# How each value combines over the step's micro-batches (or minibatches):
-#   max / min    extreme over micro-batches
+# How each value combines over the step's micro-batches (or minibatches), and over the ranks
+# of a distributed run (a3po.distributed; each rank holds its shard's micro-batches):
+#   max / min    extreme over micro-batches (and ranks)
 #   token_mean   mean weighted by each micro-batch's valid tokens (a token mean over the step)
 #   sum          total over the step
-#   mb_mean      plain mean over the step's minibatches (one value each)
+#   mb_mean      plain mean over the step's minibatches (one value each: with N ranks, the sum
+#                of the ranks' shares, as the loss, a token mean over the whole minibatch)
+#   mb_mean_replicated  as mb_mean, for a value every rank holds whole (FSDP's grad norm)
 REDUCTIONS: dict[str, str] = {
     "actor/importance_weight/max": "max",
     "actor/importance_weight/min": "min",
@@ -29,7 +32,7 @@ REDUCTIONS: dict[str, str] = {
     "actor/approx_kl": "token_mean",
     "actor/entropy": "token_mean",
     "actor/valid_tokens": "sum",
-    "actor/grad_norm": "mb_mean",
+    "actor/grad_norm": "mb_mean_replicated",
     "actor/loss": "mb_mean",
 }
 # Families of names that share a reduction: every schedule's approximation error, the
@@ -70,14 +73,57 @@ class StepMetrics:
             return values.min()
         if reduction == "sum":
             return values.sum()
-        if reduction == "mb_mean":
+        if reduction in ("mb_mean", "mb_mean_replicated"):
             return values.mean()
         weights = torch.stack(self._tokens[name])
         return (values * weights).sum() / weights.sum().clamp(min=1)
 
-    def result(self) -> dict[str, float]:
-        """Every collected name reduced, plus `actor/clip_ratio` (clipped / valid tokens)."""
-        out = {name: self._reduce(name) for name in self._values}
+    def _reduce_across_ranks(self) -> dict[str, torch.Tensor]:
+        """`_reduce` over every rank's values, in three all-reduces of one flat vector each
+        (sum, max, min). Every rank must call it, with the same names."""
+        from a3po.distributed import all_reduce_max, all_reduce_min, all_reduce_sum
+
+        names = list(self._values)  # the order they were added in: the same on every rank
+        device = self._values[names[0]][0].device
+        sums, maxes, mins = [], [], []
+        for name in names:  # what each name contributes, read back below in the same order
+            values, reduction = torch.stack(self._values[name]), reduction_of(name)
+            if reduction == "max":
+                maxes.append(values.max().reshape(1))
+            elif reduction == "min":
+                mins.append(values.min().reshape(1))
+            elif reduction == "sum":
+                sums.append(values.sum().reshape(1))
+            elif reduction == "mb_mean":  # each rank holds its share of every minibatch's value
+                sums.append(values)
+            elif reduction == "token_mean":
+                weights = torch.stack(self._tokens[name])
+                sums.append(torch.stack([(values * weights).sum(), weights.sum()]))
+        empty = torch.zeros(0, device=device)
+        sums = iter(all_reduce_sum(torch.cat(sums) if sums else empty))
+        maxes = iter(all_reduce_max(torch.cat(maxes) if maxes else empty))
+        mins = iter(all_reduce_min(torch.cat(mins) if mins else empty))
+        out = {}
+        for name in names:
+            reduction, n = reduction_of(name), len(self._values[name])
+            if reduction in ("max", "min", "sum"):
+                out[name] = next({"max": maxes, "min": mins, "sum": sums}[reduction])
+            elif reduction == "mb_mean":
+                out[name] = torch.stack([next(sums) for _ in range(n)]).mean()
+            elif reduction == "mb_mean_replicated":
+                out[name] = torch.stack(self._values[name]).mean()
+            else:
+                total, weight = next(sums), next(sums)
+                out[name] = total / weight.clamp(min=1)
+        return out
+
+    def result(self, across_ranks: bool = False) -> dict[str, float]:
+        """Every collected name reduced, plus `actor/clip_ratio` (clipped / valid tokens).
+        `across_ranks`: over every rank of a distributed run (each rank calls it)."""
+        if across_ranks and self._values:
+            out = self._reduce_across_ranks()
+        else:
+            out = {name: self._reduce(name) for name in self._values}
         if "actor/clipped_tokens" in out and "actor/valid_tokens" in out:
             out["actor/clip_ratio"] = out["actor/clipped_tokens"] / out["actor/valid_tokens"].clamp(min=1)
         if not out:

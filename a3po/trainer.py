@@ -3,7 +3,8 @@
 advantages (GRPO group norm) -> prox logp (by algo) -> n_minibatches optimizer updates, each
 accumulated over token-budget micro-batches -> grad clip -> optimizer step. The metric names
 and their reductions live in a3po.step_metrics, the maths in a3po.loss and a3po.proximal;
-this file only moves tensors between them and the model.
+this file only moves tensors between them and the model. With N ranks (a3po.distributed)
+each trains on its shard of every minibatch and the loss stays the 1-process token mean.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from a3po.device import autocast_dtype
 from a3po.errors import ConfigError
 from a3po.corrections import apply_correction
 from a3po.diagnostics import offpolicy_metrics
+from a3po.distributed import SINGLE, DistInfo, all_reduce_max, all_reduce_sum, local_value, shard, wrap_fsdp
 from a3po.loss import grpo_advantages, masked_max, masked_mean, masked_min, token_logprobs, token_logprobs_and_entropy
 from a3po.objectives import MAX_LOG_RATIO, compute_objective, policy_loss
 from a3po.proximal import approximate_prox_logp, approximation_errors, staleness_stats, validate_schedule
@@ -125,8 +127,12 @@ class _DeviceSpans:
 class Trainer:
     def __init__(self, policy: torch.nn.Module, *, algo_cfg, schedule_cfg: Mapping[str, Any], train_cfg,
                  temperature: float, pad_id: int, device: torch.device, timer: PhaseTimer,
-                 correction_cfg: Mapping[str, Any] | None = None, objective_cfg: Mapping[str, Any] | None = None) -> None:
+                 correction_cfg: Mapping[str, Any] | None = None, objective_cfg: Mapping[str, Any] | None = None,
+                 dist: DistInfo = SINGLE) -> None:
         self.policy = policy
+        # With N ranks (a3po.distributed) each trains on its shard of every minibatch; the
+        # model is sharded with FSDP2 before the optimizer sees its parameters.
+        self.dist = dist
         self.algo = get_algo(algo_cfg.name)
         # The loss axes (conf/correction, conf/objective); the defaults are today's loss:
         # the behaviour weight with train.behave_weight_cap as a mask, and PPO's clip.
@@ -142,15 +148,18 @@ class Trainer:
         self.pad_id = pad_id
         self.device = device
         self.timer = timer
+        # The lm_head is applied only at response positions: most positions of a sequence are
+        # prompt, and a [tokens, vocab] logits tensor is the largest thing in the step.
+        self._decoder = policy.get_decoder() if hasattr(policy, "get_decoder") else None
+        self._lm_head = policy.get_output_embeddings()
+        self._logits = self._response_logits
+        if dist.world > 1:  # the root's parameters are gathered around this call as around forward
+            self._logits = wrap_fsdp(policy, forward_method=self._response_logits)
         self.optimizer = make_optimizer(policy, train_cfg)
         # bf16 autocast for a float32 model on a GPU (float32 master weights, optimizer and
         # log-softmax); the HF engine samples under the same rule, so behave and current
         # log-probs are computed alike. On CPU nothing changes.
         self.autocast_dtype = autocast_dtype(device, policy)
-        # The lm_head is applied only at response positions: most positions of a sequence are
-        # prompt, and a [tokens, vocab] logits tensor is the largest thing in the step.
-        self._decoder = policy.get_decoder() if hasattr(policy, "get_decoder") else None
-        self._lm_head = policy.get_output_embeddings()
 
     # ------------------------------------------------------------------ forward
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -186,17 +195,21 @@ class Trainer:
         autocast = (torch.autocast("cuda", dtype=self.autocast_dtype) if self.autocast_dtype is not None
                     else contextlib.nullcontext())
         with autocast:
-            if self._decoder is not None:
-                hidden = self._decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-                logits = self._lm_head(hidden.flatten(0, 1).index_select(0, predicts_response))
-            else:
-                logits = self.policy(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-                logits = logits.flatten(0, 1).index_select(0, predicts_response)
+            logits = self._logits(input_ids, attention_mask, predicts_response)
         if self.temperature != 1.0:
             logits = logits / self.temperature
         if not with_entropy:
             return token_logprobs(logits, targets), None
         return token_logprobs_and_entropy(logits, targets)
+
+    def _response_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         predicts_response: torch.Tensor) -> torch.Tensor:
+        """Logits at the positions that predict a response token, one row each."""
+        if self._decoder is not None:
+            hidden = self._decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+            return self._lm_head(hidden.flatten(0, 1).index_select(0, predicts_response))
+        logits = self.policy(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        return logits.flatten(0, 1).index_select(0, predicts_response)
 
     @torch.no_grad()
     def recompute_prox_logp(self, samples: list[Sample], plans: list[list[list[int]]]) -> dict[int, torch.Tensor]:
@@ -206,15 +219,42 @@ class Trainer:
         prox_by_sample: dict[int, torch.Tensor] = {}
         for plan in plans:
             for micro in plan:
+                if not micro:
+                    self._idle_pass(samples, backward=False)
+                    continue
                 logp, _ = self.response_logp([samples[i] for i in micro], with_entropy=False)
                 for i, piece in zip(micro, logp.split([samples[i].response_ids.numel() for i in micro])):
                     prox_by_sample[i] = piece
         return prox_by_sample
 
     def plan(self, samples: list[Sample], generator: torch.Generator) -> list[list[list[int]]]:
-        """Minibatches of sample indices, each cut into token-budget micro-batches."""
+        """Minibatches of sample indices (the same on every rank), this rank's shard of each
+        cut into token-budget micro-batches."""
         minibatches = split_minibatches(len(samples), self.cfg.n_minibatches, generator)
-        return [pack_micro_batches({i: samples[i].length for i in mb}, self.cfg.token_budget) for mb in minibatches]
+        plans = [pack_micro_batches({i: samples[i].length for i in shard(mb, self.dist.rank, self.dist.world)},
+                                    self.cfg.token_budget) for mb in minibatches]
+        return plans if self.dist.world == 1 else self._equal_micro_batch_counts(plans)
+
+    def _equal_micro_batch_counts(self, plans: list[list[list[int]]]) -> list[list[list[int]]]:
+        """FSDP gathers and reduces in every forward and backward, so every rank must run as
+        many micro-batches as the rank with the most; the others get empty ones, run as an
+        idle pass (`_idle_pass`) that changes nothing."""
+        counts = all_reduce_max(torch.tensor([len(plan) for plan in plans], device=self.device)).tolist()
+        return [plan + [[] for _ in range(count - len(plan))] for plan, count in zip(plans, counts)]
+
+    def _idle_pass(self, samples: list[Sample], backward: bool) -> None:
+        """A forward (and a zero backward) on one sample: FSDP's collectives, no effect."""
+        logp, _ = self.response_logp(samples[:1], with_entropy=False)
+        if backward:
+            (logp.sum() * 0.0).backward()
+
+    def minibatch_tokens(self, samples: list[Sample], plan: list[list[int]]) -> int:
+        """Response tokens in the whole minibatch, over every rank's shard: the denominator of
+        the token mean, so N ranks' summed gradients are the 1-process gradient."""
+        local = sum(samples[i].response_ids.numel() for micro in plan for i in micro)
+        if self.dist.world == 1:
+            return local
+        return int(all_reduce_sum(torch.tensor(local, device=self.device)).item())
 
     def advantages(self, batch: RolloutBatch) -> torch.Tensor:
         rewards = torch.tensor([s.reward for s in batch.samples], dtype=torch.float32)
@@ -242,11 +282,14 @@ class Trainer:
         self.policy.train()
         with self.timer.phase("train"):
             for plan in plans:
-                n_tokens = sum(samples[i].response_ids.numel() for micro in plan for i in micro)
+                n_tokens = self.minibatch_tokens(samples, plan)
                 self.optimizer.zero_grad(set_to_none=True)
                 minibatch_loss = torch.zeros((), device=self.device)
                 finite_flags: list[torch.Tensor] = []
                 for micro in plan:
+                    if not micro:  # another rank has more micro-batches (`_equal_micro_batch_counts`)
+                        self._idle_pass(samples, backward=True)
+                        continue
                     tokens = self._micro_batch_tensors([samples[i] for i in micro], advantages[micro])
                     logp, entropy = self.response_logp([samples[i] for i in micro])
                     if self.algo.prox == "recompute":
@@ -256,7 +299,7 @@ class Trainer:
                             prox = self.approximate_prox(tokens["behave"], logp, tokens["versions"], version)
                             finite_flags.append(all_finite(prox))
                     loss, stats = self.loss(logp, prox, tokens)
-                    weight = logp.numel() / n_tokens  # token mean over the whole minibatch
+                    weight = logp.numel() / n_tokens  # token mean over the whole minibatch, every rank's shard
                     (loss * weight).backward()
                     minibatch_loss = minibatch_loss + loss.detach() * weight
                     metrics.add({**stats, "actor/entropy": entropy.mean()}, n_tokens=logp.numel())
@@ -264,7 +307,7 @@ class Trainer:
                         reference = torch.cat([recomputed[i] for i in micro])
                         metrics.add(approximation_errors(reference, tokens["behave"], logp.detach(), tokens["versions"],
                                                          version, tokens["mask"], self.error_schedules), n_tokens=logp.numel())
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.grad_clip)
+                grad_norm = local_value(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.grad_clip))
                 check_prox_finite(finite_flags)  # one host sync per minibatch, before the update
                 self.optimizer.step()
                 metrics.add({"actor/grad_norm": grad_norm, "actor/loss": minibatch_loss})
@@ -272,7 +315,8 @@ class Trainer:
         if self.algo.prox != "recompute":
             self.timer.add("prox_logp", approximation_time.seconds())
         all_versions = torch.cat([s.versions for s in samples])
-        return {**metrics.result(), **{name: float(v) for name, v in staleness_stats(all_versions, version).items()}}
+        staleness = {name: float(v) for name, v in staleness_stats(all_versions, version).items()}
+        return {**metrics.result(across_ranks=self.dist.world > 1), **staleness}
 
     def _recomputed_prox(self, samples: list[Sample], plans) -> dict[int, torch.Tensor]:
         """The recompute forward when the method needs it (timed as `prox_logp`), or when

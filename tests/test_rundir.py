@@ -27,6 +27,10 @@ def test_config_differences_ignores_neutral_keys_and_growing_steps():
         ("runtime.max_staleness", "<absent>", 2), ("runtime.name", "lagged", "async"), ("train.lr", 1e-5, 0.5)]
     shrink = {**old, "train": {**old["train"], "total_steps": 3}}
     assert config_differences(old, shrink) == [("train.total_steps", 4, 3)]
+    # a key added to the config since the run started, at its null default, is no difference
+    newer = {**old, "rollout": {"device": None}}
+    assert config_differences(old, newer) == []
+    assert config_differences(old, {**old, "rollout": {"device": "cuda:1"}}) == [("rollout.device", "<absent>", "cuda:1")]
 
 
 def test_finished_run_with_another_config_refuses_and_keeps_its_files(tiny_cfg):
