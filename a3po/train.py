@@ -55,13 +55,13 @@ class RolloutProducer:
     """Turns task problems into a scored RolloutBatch with the engine's current weights."""
 
     def __init__(self, cfg: DictConfig, task, tokenizer, engine, timer: PhaseTimer) -> None:
-        from a3po.tasks import render_prompt
+        from a3po.tasks import encode_prompt
 
         self.cfg, self.task, self.tokenizer, self.engine, self.timer = cfg, task, tokenizer, engine, timer
-        self.render_prompt = render_prompt
+        self.encode_prompt = encode_prompt  # the same encoder as python -m a3po.tasks.calibrate
 
     def encode(self, question: str) -> list[int]:
-        return self.tokenizer(self.render_prompt(self.tokenizer, question), add_special_tokens=False).input_ids
+        return self.encode_prompt(self.tokenizer, question)
 
     def score(self, problems, groups) -> int:
         """Set every sample's reward; returns how many answers were malformed."""
