@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh machine (see README):
 #   make demo   set up, run the demo staleness sweep on the embedded SmolLM2, draw its figures
-#   make test   set up, run every test tier (fast, slow, vllm, slurm; a tier whose
+#   make test   set up, run every test tier (fast, slow, vllm, slurm, distributed; a tier whose
 #               requirement is absent skips itself with the reason)
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -44,7 +44,7 @@ test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow and not vllm and not slurm" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow and not vllm and not slurm and not distributed" $(PYTEST_ARGS)
 
 clean-demo:
 	rm -rf outputs/demo

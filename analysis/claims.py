@@ -18,6 +18,10 @@ Effect and its interval. Over seeds, with a two-sided 95% Student-t interval:
   seed mean, not each seed's value, so one seed with a reward near 0 cannot blow it up).
 
 Verdict.
+- The wall-clock training-time claim (b) is "inconclusive (wall clock contended unevenly)"
+  when the share of contended runs (wall/CPU > 1.25) differs between recompute and
+  loglinear: their wall times then measure when each ran, not the algorithm; the CPU-time
+  claim (b') is judged as usual.
 - Direction claims (a, b, d, e, f, g: "lower", "higher", "less"): "holds" when the whole
   interval lies on the claimed side of 0, "does not hold" when the whole interval lies on
   the other side, "inconclusive (CI of the difference includes 0)" otherwise.
@@ -55,6 +59,9 @@ FAILS = "does not hold"
 INCONCLUSIVE_SIGN = "inconclusive (CI of the difference includes 0)"
 INCONCLUSIVE_BAND = "inconclusive (CI crosses ±2%)"
 INCONCLUSIVE_SEEDS = "inconclusive (fewer than 2 seeds)"
+# A wall-clock comparison where one side's runs shared their cores and the other's did not
+# measures the machine, not the algorithm: the CPU-time claim (b') is the one to read then.
+INCONCLUSIVE_CONTENDED = "inconclusive (wall clock contended unevenly: {detail}; read b')"
 ALGOS = ["coupled", "recompute", "loglinear"]
 # Metrics are float32 on the trainer's side: two runs whose per-step values differ by one
 # float32 ulp (IW max 1.0 vs 1.0000009) show a "difference" with a zero-width interval when
@@ -167,6 +174,21 @@ def _notes(claim: Claim, rows: pd.DataFrame, how: str, interval: Interval) -> st
     return "; ".join(notes)
 
 
+def _uneven_contention(claim: Claim, rows: pd.DataFrame) -> str:
+    """For the wall-clock training-time claim: `recompute 3/3, loglinear 0/3 runs` when the
+    two sides' shares of contended runs differ, else ''."""
+    if claim.column != "train_time_s":
+        return ""
+    shares = {algo: (int(rows.loc[rows["algo"] == algo, "contended"].sum()), int((rows["algo"] == algo).sum()))
+              for algo in ("recompute", "loglinear")}
+    if shares["recompute"][1] == 0 or shares["loglinear"][1] == 0:
+        return ""
+    fractions = {algo: flagged / n for algo, (flagged, n) in shares.items()}
+    if fractions["recompute"] == fractions["loglinear"]:
+        return ""
+    return ", ".join(f"{algo} {flagged}/{n} runs" for algo, (flagged, n) in shares.items())
+
+
 def judge(claim: Claim, rows: pd.DataFrame) -> dict:
     """One claim in one context: the per-algorithm values, the effect and the verdict."""
     values = {algo: _by_seed(rows[rows["algo"] == algo], claim.column) for algo in ALGOS}
@@ -184,6 +206,9 @@ def judge(claim: Claim, rows: pd.DataFrame) -> dict:
         if claim.effect == "difference" else 1.0
     judged = f"not judged ({problem})" if problem else verdict(interval, claim.sign, claim.margin, RESOLUTION * size)
     note = _notes(claim, rows, how, interval)
+    uneven = _uneven_contention(claim, rows)
+    if uneven and not problem:
+        judged = INCONCLUSIVE_CONTENDED.format(detail=uneven)
     if not problem and interval.mean != 0 and max(abs(interval.low), abs(interval.high)) <= RESOLUTION * size:
         note += "; within float32 resolution: counted as 0"
     record.update(effect=shown(claim, interval) if not problem else "n/a", verdict=judged, note=note,

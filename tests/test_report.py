@@ -254,3 +254,22 @@ def test_corrections_panel(corrections_sweep, tmp_path):
     contexts = claims.evaluate_claims(df)["context"].unique().tolist()
     assert contexts == ["d = 2", "d = 8", "d = 2, correction icepop0.5_2", "d = 8, correction icepop0.5_2",
                         "d = 2, correction tis2", "d = 8, correction tis2"]
+
+
+def test_uneven_contention_makes_the_wall_clock_claim_inconclusive():
+    from analysis.claims import CLAIMS, judge
+
+    wall_claim = next(c for c in CLAIMS if c.key == "b")
+    cpu_claim = next(c for c in CLAIMS if c.key == "b'")
+
+    def rows(recompute_contended: bool):
+        return pd.DataFrame([
+            {"algo": algo, "seed": seed, "train_time_s": time, "cpu_time_s": time * 0.9, "time_basis": "time/step",
+             "contended": recompute_contended and algo == "recompute"}
+            for algo, time in (("recompute", 300.0), ("loglinear", 170.0)) for seed, jitter in ((0, 0), (1, 3), (2, -2))
+            for time in [time + jitter]])
+
+    uneven = judge(wall_claim, rows(recompute_contended=True))
+    assert uneven["verdict"].startswith("inconclusive (wall clock contended unevenly: recompute 3/3 runs, loglinear 0/3")
+    assert judge(cpu_claim, rows(recompute_contended=True))["verdict"] == "holds"  # CPU time is judged as usual
+    assert judge(wall_claim, rows(recompute_contended=False))["verdict"] == "holds"
