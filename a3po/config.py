@@ -89,7 +89,7 @@ def _is_number(value: Any) -> bool:
 def _validate_loss_axes(cfg: DictConfig) -> None:
     """The correction and objective groups: known names, valid parameters, and a combination
     with the proximal method that has a meaning."""
-    from a3po.corrections import CORRECTIONS, apply_correction
+    from a3po.corrections import CORRECTIONS, check_correction
     from a3po.objectives import OBJECTIVES, check_combination, check_clip
 
     correction = OmegaConf.to_container(cfg.correction, resolve=True)
@@ -97,7 +97,7 @@ def _validate_loss_axes(cfg: DictConfig) -> None:
     _require(correction.get("name") in CORRECTIONS, "correction.name", correction.get("name"), f"allowed: {sorted(CORRECTIONS)}")
     _require(objective.get("name") in OBJECTIVES, "objective.name", objective.get("name"), f"allowed: {sorted(OBJECTIVES)}")
     try:
-        apply_correction(correction["name"], *_probe_tokens(), params=correction)
+        check_correction(correction["name"], correction)
     except ValueError as err:
         raise ConfigError(f"correction={correction['name']}: {err}") from None
     try:
@@ -109,13 +109,6 @@ def _validate_loss_axes(cfg: DictConfig) -> None:
         _require(cfg.train.behave_weight_cap is None, "train.behave_weight_cap", cfg.train.behave_weight_cap,
                  f"it is the cap of correction=none; with correction={correction['name']} set that correction's own "
                  "bounds (correction.*) and leave it null")
-
-
-def _probe_tokens():
-    """Three tokens of one sequence: enough for a correction to check its parameters."""
-    import torch
-
-    return torch.zeros(3), torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.bool)
 
 
 def validate_world(cfg: DictConfig, world: int) -> None:

@@ -238,10 +238,10 @@ CORRECTION_PARAMS: dict[str, dict[str, float | None]] = {
 }
 
 
-def apply_correction(name: str, log_w: torch.Tensor, seq_index: torch.Tensor, valid: torch.Tensor,
-                     params: Mapping[str, float | None] | None = None) -> Correction:
-    """Look up and run correction `name`. `params` may be a whole `cfg.correction`: its `name` key
-    is ignored; any other key the correction does not take is an error (a typo never passes)."""
+def check_correction(name: str, params: Mapping[str, float | None] | None = None) -> dict[str, float | None]:
+    """The parameters correction `name` takes, from `params` (a whole `cfg.correction` will do:
+    its `name` key is ignored), checked without running it: an unknown name, a key it does not
+    take (a typo never passes) or a value out of range is a ValueError naming it."""
     if name not in CORRECTIONS:
         raise ValueError(f"correction={name!r} is not allowed; allowed corrections: {sorted(CORRECTIONS)}")
     given = {key: value for key, value in (params or {}).items() if key != "name"}
@@ -249,4 +249,17 @@ def apply_correction(name: str, log_w: torch.Tensor, seq_index: torch.Tensor, va
     if unknown:
         raise ValueError(f"correction {name!r} does not take {unknown}; its parameters: "
                          f"{sorted(CORRECTION_PARAMS[name])}")
+    merged = {**CORRECTION_PARAMS[name], **given}
+    for key in ("cap", "tau"):
+        if merged.get(key) is not None:
+            _check_positive(key, merged[key])
+    if "lo" in merged:
+        _check_bounds(merged["lo"], merged["hi"])
+    return given
+
+
+def apply_correction(name: str, log_w: torch.Tensor, seq_index: torch.Tensor, valid: torch.Tensor,
+                     params: Mapping[str, float | None] | None = None) -> Correction:
+    """Check (`check_correction`), look up and run correction `name`."""
+    given = check_correction(name, params)
     return CORRECTIONS[name](log_w, seq_index, valid, **given)

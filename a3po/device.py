@@ -9,15 +9,19 @@ from a3po.errors import ConfigError
 DEVICES = ("auto", "cpu", "cuda")
 
 
-def resolve_device(name: str) -> torch.device:
-    """`auto` -> cuda when visible, else cpu; `cuda` without a visible GPU is a ConfigError."""
+def resolve_device(name: str, key: str = "device") -> torch.device:
+    """`auto` -> cuda when visible, else cpu; `cuda`/`cuda:<k>` must name a visible GPU.
+    Anything else is a ConfigError naming `key` (the config key the value came from)."""
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device='cuda' is not allowed on this machine: no CUDA device is visible; use device=auto or cpu")
-    if name not in DEVICES and not name.startswith("cuda:"):
-        raise ConfigError(f"device={name!r} is not allowed; allowed: {list(DEVICES)} or cuda:<index>")
-    return torch.device(name)
+        return torch.device("cuda" if visible else "cpu")
+    if name not in DEVICES and not str(name).startswith("cuda:"):
+        raise ConfigError(f"{key}={name!r} is not allowed; allowed: {list(DEVICES)} or cuda:<index>")
+    device = torch.device(name)
+    if device.type == "cuda" and (device.index or 0) >= visible:
+        allowed = f"cuda, cuda:0..cuda:{visible - 1}, auto or cpu" if visible else "auto or cpu (no CUDA device is visible)"
+        raise ConfigError(f"{key}={name!r} is not allowed on this machine; allowed: {allowed}")
+    return device
 
 
 def autocast_dtype(device: torch.device, model: torch.nn.Module) -> torch.dtype | None:

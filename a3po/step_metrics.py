@@ -58,11 +58,13 @@ class StepMetrics:
 
     def add(self, values: Mapping[str, torch.Tensor], n_tokens: int | torch.Tensor = 1) -> None:
         """Values of one micro-batch (with its valid-token count) or one minibatch."""
+        weight = None  # one tensor per call, shared by its values (not one host copy per value)
         for name, value in values.items():
             reduction_of(name)  # an unknown name fails here, at its first step
+            if weight is None:
+                weight = torch.as_tensor(n_tokens, dtype=torch.float32, device=value.device).reshape(())
             self._values.setdefault(name, []).append(value.detach().float().reshape(()))
-            self._tokens.setdefault(name, []).append(torch.as_tensor(n_tokens, dtype=torch.float32,
-                                                                      device=value.device).reshape(()))
+            self._tokens.setdefault(name, []).append(weight)
 
     def _reduce(self, name: str) -> torch.Tensor:
         values = torch.stack(self._values[name])

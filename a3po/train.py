@@ -168,11 +168,7 @@ def _rollout_device(cfg: DictConfig, trainer_device: torch.device) -> torch.devi
     name = cfg.rollout.get("device")
     if name is None:
         return trainer_device
-    visible = torch.cuda.device_count()
-    device = torch.device("cuda" if name == "auto" and visible else "cpu" if name == "auto" else name)
-    if device.type == "cuda" and (device.index or 0) >= visible:
-        allowed = f"cuda:0..cuda:{visible - 1}, cuda or cpu" if visible else "cpu (no CUDA device is visible)"
-        raise ConfigError(f"rollout.device={name!r} is not allowed on this machine; allowed: {allowed}, or null")
+    device = resolve_device(name, key="rollout.device")
     same = device.type == trainer_device.type and (device.index or 0) == (trainer_device.index or 0)
     return trainer_device if same else device  # `cuda` and `cuda:0` are one device: no copy for it
 

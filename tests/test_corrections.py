@@ -272,3 +272,18 @@ def test_huge_log_weight_is_dropped_with_weight_exactly_zero_and_finite_loss(nam
     loss = policy_loss(objective, out, valid)
     loss.backward()
     assert math.isfinite(loss.item()) and bool(torch.isfinite(logp.grad).all())
+
+
+def test_parameters_are_checked_without_running_the_correction():
+    from a3po.corrections import check_correction
+
+    assert check_correction("icepop", {"name": "icepop", "lo": 0.5, "hi": 2.0}) == {"lo": 0.5, "hi": 2.0}
+    assert check_correction("none", {"cap": None}) == {"cap": None}
+    with pytest.raises(ValueError, match="cap=0 is not allowed"):
+        check_correction("tis", {"cap": 0})
+    with pytest.raises(ValueError, match="lo=2, hi=1 is not allowed"):
+        check_correction("seq_mis", {"lo": 2, "hi": 1})
+    with pytest.raises(ValueError, match="tau=-1 is not allowed"):
+        check_correction("m2po", {"tau": -1})
+    with pytest.raises(ValueError, match=r"does not take \['capp'\]"):
+        check_correction("tis", {"capp": 2})
