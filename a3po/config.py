@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from omegaconf import DictConfig, OmegaConf
 
 from a3po.algos import ALGOS, get_algo
-from a3po.device import DEVICES
+from a3po.device import DEVICES, PRECISIONS, RESOLVED_PRECISIONS, resolve_device, resolve_precision
 from a3po.errors import ConfigError
 from a3po.proximal import SCHEDULES, validate_schedule
 
@@ -44,25 +44,42 @@ def group_label(group: Mapping[str, Any] | str | None, default: str) -> str | No
 
 
 def run_name(algo: str, schedule: Mapping[str, Any] | str, staleness: int, seed: int,
-             correction: Mapping[str, Any] | str | None = None, objective: Mapping[str, Any] | str | None = None) -> str:
-    """`<algo>[-<schedule>][-<correction>][-<objective>]-d<staleness>-s<seed>`. The schedule
-    appears only where the algo uses one (a3po.algos) and it is not the paper's `inverse`;
-    the correction unless `none`, the objective unless `ppo`. No timestamp: a requeued job
-    finds it again. An unknown algo is named as given (validation reports it)."""
+             correction: Mapping[str, Any] | str | None = None, objective: Mapping[str, Any] | str | None = None,
+             precision: str = "fp32") -> str:
+    """`<algo>[-<schedule>][-<correction>][-<objective>][-<precision>]-d<staleness>-s<seed>`.
+    The schedule appears only where the algo uses one (a3po.algos) and it is not the paper's
+    `inverse`; the correction unless `none`, the objective unless `ppo`, the (resolved)
+    precision unless `fp32`. No timestamp: a requeued job finds it again. An unknown algo is
+    named as given (validation reports it)."""
     if isinstance(schedule, str):
         schedule = {"name": schedule}
     label = schedule_label(schedule)
     uses_schedule = algo in ALGOS and ALGOS[algo].uses_schedule
     parts = [algo, label if uses_schedule and label != "inverse" else None,
-             group_label(correction, "none"), group_label(objective, "ppo")]
+             group_label(correction, "none"), group_label(objective, "ppo"),
+             precision if precision != "fp32" else None]
     return "-".join(p for p in parts if p) + f"-d{staleness}-s{seed}"
 
 
-def _run_name_resolver(algo, schedule, staleness, seed, correction=None, objective=None) -> str:
+def name_precision(precision: str, device: str, weights_dtype: str = "float32") -> str:
+    """The precision a run name carries: `auto` resolved on this machine (a3po.device), so a
+    bf16 run and an fp32 run never share a directory. A value that does not resolve is named
+    as given (validation reports it)."""
+    if precision in RESOLVED_PRECISIONS:
+        return precision
+    try:
+        return resolve_precision(precision, resolve_device(device), weights_dtype)
+    except ConfigError:
+        return str(precision)
+
+
+def _run_name_resolver(algo, schedule, staleness, seed, correction=None, objective=None, precision="fp32",
+                       device="cpu", weights_dtype="float32") -> str:
     def plain(node):
         return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
 
-    return run_name(str(algo), plain(schedule), staleness, seed, plain(correction), plain(objective))
+    return run_name(str(algo), plain(schedule), staleness, seed, plain(correction), plain(objective),
+                    name_precision(str(precision), str(device), str(weights_dtype)))
 
 
 def register_resolvers() -> None:
@@ -149,6 +166,9 @@ def validate_config(cfg: DictConfig) -> None:
     _require(_is_int(cfg.staleness) and cfg.staleness >= 0, "staleness", cfg.staleness, "it must be an integer >= 0")
     _require(_is_int(cfg.seed) and cfg.seed >= 0, "seed", cfg.seed, "it must be an integer >= 0")
     _require(cfg.device in DEVICES, "device", cfg.device, f"allowed: {list(DEVICES)}")
+    precision = cfg.get("precision", "auto")
+    _require(precision in PRECISIONS or precision in RESOLVED_PRECISIONS, "precision", precision,
+             f"allowed: {list(PRECISIONS)}")
 
     train = cfg.train
     for key in ("total_steps", "n_prompts", "n_samples", "n_minibatches", "token_budget"):
@@ -165,7 +185,7 @@ def validate_config(cfg: DictConfig) -> None:
     for key in ("eval_every", "checkpoint_every"):
         _require(_is_int(train[key]) and train[key] >= 0, f"train.{key}", train[key], "it must be an integer >= 0 (0 disables)")
     _require(_is_number(train.adv_eps) and train.adv_eps > 0, "train.adv_eps", train.adv_eps, "it must be > 0")
-    for key in ("adv_norm_std", "adv_std_unbiased", "adv_batch_norm", "keep_checkpoint", "save_final_model"):
+    for key in ("adv_norm_std", "adv_std_unbiased", "adv_batch_norm", "keep_checkpoint", "save_final_model", "warmup"):
         _require(isinstance(train[key], bool), f"train.{key}", train[key], "it must be true or false")
     from a3po.rundir import ON_CONFIG_CHANGE
 

@@ -1,12 +1,31 @@
-"""The one place a `device=` config value becomes a torch device."""
+"""The one place a `device=` config value becomes a torch device, and `precision=` a compute dtype.
+
+The precision rule (docs/design.md, "Precision"): `bf16` is autocast to bfloat16 with float32
+master weights, optimizer state and log-softmax; `fp32` is exact float32. `auto` picks bf16
+where the hardware runs it natively (a GPU with bf16 support; a CPU with AVX512-BF16 or AMX,
+which torch's oneDNN kernels use) and fp32 elsewhere: on a CPU without them oneDNN emulates
+bf16 and a matmul runs about 3x slower than float32 (docs/benchmarks.md, "Precision").
+The trainer's forwards, the recompute forward, the HF engine's sampling, vLLM's dtype and the
+benchmark all follow the resolved value, so behaviour and current log-probs are computed alike.
+"""
 
 from __future__ import annotations
+
+import contextlib
+import logging
 
 import torch
 
 from a3po.errors import ConfigError
 
+log = logging.getLogger(__name__)
+
 DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("auto", "fp32", "bf16")
+# What a run's config records: `auto` is resolved at start, so the record says what ran.
+RESOLVED_PRECISIONS = ("fp32", "bf16", "fp16")
+# Runs written before `precision` existed computed in float32 on a CPU (every committed run).
+LEGACY_PRECISION = "fp32"
 
 
 def resolve_device(name: str, key: str = "device") -> torch.device:
@@ -24,11 +43,62 @@ def resolve_device(name: str, key: str = "device") -> torch.device:
     return device
 
 
-def autocast_dtype(device: torch.device, model: torch.nn.Module) -> torch.dtype | None:
-    """bf16 for a float32 model on a GPU (the standard mixed precision: float32 master
-    weights, bf16 matmuls), else None (no autocast; CPU runs keep exact float32). The trainer
-    and the HF engine both follow this, so behaviour and current log-probs match at d = 0."""
+def cpu_has_native_bf16() -> bool:
+    """AVX512-BF16 or AMX, as torch itself detects them (the instructions oneDNN's bf16 GEMM uses)."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether `device` runs bf16 matmuls in hardware (not emulated)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    return cpu_has_native_bf16()
+
+
+SHORT_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def resolve_precision(name: str, device: torch.device, weights_dtype: str = "float32", key: str = "precision") -> str:
+    """`auto` -> `bf16` where `device` runs it natively, else `fp32`; `fp32`/`bf16` as given.
+
+    Weights stored in a lower precision (model.dtype=bfloat16) compute in it: `auto` resolves
+    to it and another value is a ConfigError. A GPU without bf16 refuses `bf16`; a CPU without
+    native bf16 runs it emulated, correct but slower, with a warning (useful to reproduce the
+    paper's bf16 behaviour/current mismatch, never to save time)."""
+    if name not in PRECISIONS:
+        raise ConfigError(f"{key}={name!r} is not allowed; allowed: {list(PRECISIONS)}")
+    device = torch.device(device)
+    if weights_dtype != "float32":
+        stored = SHORT_DTYPES.get(weights_dtype, weights_dtype)
+        if name not in ("auto", stored):
+            raise ConfigError(f"{key}={name!r} is not allowed with model.dtype={weights_dtype} (the weights themselves "
+                              f"are {weights_dtype}); allowed: auto or {stored}, or set model.dtype=float32")
+        return stored
+    native = native_bf16(device)
+    if name == "auto":
+        return "bf16" if native else "fp32"
+    if name == "bf16" and not native:
+        if device.type == "cuda":
+            raise ConfigError(f"{key}='bf16' is not allowed on this machine: {torch.cuda.get_device_name(device)} "
+                              "has no bf16 support; allowed: fp32 or auto")
+        log.warning("%s=bf16 on a CPU without AVX512-BF16 or AMX: oneDNN emulates bf16, about 3x slower than "
+                    "fp32 here (docs/benchmarks.md); %s=auto picks fp32 on this machine", key, key)
+    return name
+
+
+def autocast_dtype(device: torch.device, model: torch.nn.Module, precision: str) -> torch.dtype | None:
+    """bfloat16 for a float32 model under `precision=bf16` (resolved), else None: float32
+    master weights and bf16 matmuls, the standard mixed precision. A model whose weights are
+    already bf16 (model.dtype=bfloat16) needs no autocast."""
     first = next(model.parameters(), None)
-    if torch.device(device).type == "cuda" and first is not None and first.dtype == torch.float32:
+    if precision == "bf16" and first is not None and first.dtype == torch.float32:
         return torch.bfloat16
     return None
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    """The autocast context for `autocast_dtype`'s answer on `device` (a no-op for None)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=dtype)

@@ -40,9 +40,13 @@ RESULT_NEUTRAL_KEYS = (
     "train.checkpoint_every",
     "train.keep_checkpoint",
     "train.save_final_model",
+    "train.warmup",
     "runtime.shutdown_timeout_s",
 )
 EXTENSIBLE_KEY = "train.total_steps"
+# A key a run's config.yaml lacks because it was written before the key existed, compared as
+# the value that run actually used: every run before `precision` computed in float32 on a CPU.
+LEGACY_VALUES = {"precision": "fp32"}
 ON_CONFIG_CHANGE = ("error", "restart")
 FINISHED_MARKER = "finished.json"
 
@@ -72,7 +76,7 @@ def config_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[t
     for key in sorted(set(old_flat) | set(new_flat)):
         if _neutral(key):
             continue
-        before, after = old_flat.get(key, "<absent>"), new_flat.get(key, "<absent>")
+        before, after = old_flat.get(key, LEGACY_VALUES.get(key, "<absent>")), new_flat.get(key, "<absent>")
         if before == after or {before, after} == {"<absent>", None}:
             continue  # a key added since the run started, at its null default, changes nothing
         if key == EXTENSIBLE_KEY and isinstance(before, int) and isinstance(after, int) and after > before:

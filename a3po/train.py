@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from a3po.batch import RolloutBatch
 from a3po.checkpoint import load_checkpoint, remove_checkpoint, rng_state, save_checkpoint, set_rng_state
 from a3po.config import validate_config, validate_world
-from a3po.device import resolve_device
+from a3po.device import resolve_device, resolve_precision
 from a3po.distributed import (SINGLE, DistInfo, any_rank, broadcast_object, close_distributed,
                               full_optimizer_state_dict, full_state_dict, init_distributed, launched_world,
                               load_full_state, rank_device, rank_seed)
@@ -110,6 +110,26 @@ def build_runtime(cfg: DictConfig, produce: RolloutProducer, engine, step_timer:
     return AsyncRuntime(produce, total_steps=cfg.train.total_steps, max_staleness=cfg.runtime.max_staleness,
                         batch_size=cfg.train.n_prompts, engine=engine, rollout_timer=produce.timer,
                         step_timer=step_timer, shutdown_timeout_s=cfg.runtime.get("shutdown_timeout_s", 120.0))
+
+
+# A fixed level-1 question: the warm-up's prompt is the same on every rank and every run.
+_WARMUP_QUESTION = "What is 12 + 30?"
+
+
+def warm_up(trainer: Trainer, engine, tokenizer, dist: DistInfo = SINGLE) -> float:
+    """One generate (rank 0) and one training forward + backward (every rank) before the first
+    step, outside `time/step`; returns its seconds. The first call of each pays for faulting in
+    the memory-mapped weights and for kernel set-up, which would otherwise land in step 0 and
+    pull every measured speedup toward 1. It changes no weight, optimizer state, RNG stream or
+    engine version, so a run's metrics are the same with and without it (tested)."""
+    from a3po.tasks import encode_prompt
+
+    started = time.perf_counter()
+    prompt = encode_prompt(tokenizer, _WARMUP_QUESTION)
+    if dist.is_main:
+        engine.generate([prompt], 2, seed=0)
+    trainer.warm_up(prompt)
+    return time.perf_counter() - started
 
 
 def _seed_everything(seed: int) -> None:
@@ -230,8 +250,11 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     Returns the last step's metrics (empty if the run had already finished)."""
     validate_config(cfg)  # before anything heavy loads
     validate_world(cfg, launched_world())
-    run_dir = Path(run_dir) if run_dir is not None else run_dir_of(cfg)
     device = resolve_device(cfg.device)
+    # The resolved precision is what the run records (config.yaml, wandb, run name): `auto`
+    # may mean bf16 on one machine and fp32 on another, and those are different runs.
+    cfg.precision = resolve_precision(cfg.get("precision", "auto"), device, cfg.model.get("dtype", "float32"))
+    run_dir = Path(run_dir) if run_dir is not None else run_dir_of(cfg)
     dist = init_distributed(device)
     try:
         return _run(cfg, run_dir, rank_device(device, dist), dist)
@@ -261,11 +284,12 @@ def _run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: DistInfo) -
             rollout_policy = load_policy(cfg.model, device=rollout_device if cfg.rollout.name == "hf" else "cpu",
                                          seed=cfg.seed)[0].requires_grad_(False)
         engine = build_engine(cfg.rollout, rollout_policy, tokenizer, rollout_device, concurrent=concurrent,
-                              interruptible=bool(cfg.runtime.get("interruptible", False)))
+                              interruptible=bool(cfg.runtime.get("interruptible", False)), precision=cfg.precision)
     trainer = Trainer(policy, algo_cfg=cfg.algo, schedule_cfg=OmegaConf.to_container(cfg.schedule, resolve=True),
                       train_cfg=cfg.train, temperature=cfg.rollout.temperature, pad_id=tokenizer.pad_token_id,
                       device=device, timer=timer, correction_cfg=OmegaConf.to_container(cfg.correction, resolve=True),
-                      objective_cfg=OmegaConf.to_container(cfg.objective, resolve=True), dist=dist)
+                      objective_cfg=OmegaConf.to_container(cfg.objective, resolve=True), dist=dist,
+                      precision=cfg.precision)
     if dist.is_main:
         task = build_task(cfg.task, cfg.seed)
         # Rollout in another thread times itself on a timer of its own (see build_runtime).
@@ -277,11 +301,12 @@ def _run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: DistInfo) -
         log.info("resuming %s from step %d", run_dir, start_step)
     sync = WeightSync(policy, engine, rollout_policy, dist)
     sync(start_step)
+    warmup_seconds = warm_up(trainer, engine, tokenizer, dist) if cfg.train.get("warmup", True) else None
     logger = (MetricsLogger(run_dir, cfg, start_step, pending=checkpoint.get("record") if checkpoint else None)
               if dist.is_main else None)
     try:
-        return _train_loop(cfg, run_dir, start_step, wall_offset, timer, policy, tokenizer, sync, trainer,
-                           producer, runtime, logger, dist)
+        return _train_loop(cfg, run_dir, start_step, wall_offset + (warmup_seconds or 0.0), timer, policy, tokenizer,
+                           sync, trainer, producer, runtime, logger, dist, warmup_seconds)
     finally:
         if dist.is_main:
             runtime.close()
@@ -327,8 +352,10 @@ def _save_resume_state(run_dir, cfg, policy, trainer, runtime, dist: DistInfo, n
 
 
 def _train_loop(cfg, run_dir, start_step, wall_offset, timer, policy, tokenizer, sync, trainer, producer,
-                runtime, logger, dist: DistInfo = SINGLE) -> dict[str, Any]:
-    """Every rank runs it; rank 0 alone logs, checkpoints and finishes the run directory."""
+                runtime, logger, dist: DistInfo = SINGLE, warmup_seconds: float | None = None) -> dict[str, Any]:
+    """Every rank runs it; rank 0 alone logs, checkpoints and finishes the run directory.
+    `time/warmup` (this invocation's warm-up, already inside `wall_offset`) goes on the first
+    step it logs."""
     train = cfg.train
     total_steps = train.total_steps
     stop_after = total_steps if train.max_steps_this_run is None else min(total_steps, start_step + train.max_steps_this_run)
@@ -350,6 +377,8 @@ def _train_loop(cfg, run_dir, start_step, wall_offset, timer, policy, tokenizer,
             while step < stop_after and not stop_requested():
                 metrics = _train_step(cfg, step, timer, sync, trainer, producer, runtime, dist)
                 record = {"step": step, "version": step, **metrics}
+                if warmup_seconds is not None:
+                    record["time/warmup"], warmup_seconds = warmup_seconds, None
                 step += 1
                 # The checkpoint goes before the log line and carries it: a death in between
                 # re-logs the step on resume, so the log has no gap and no duplicate.

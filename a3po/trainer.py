@@ -17,7 +17,7 @@ import torch
 
 from a3po.algos import get_algo
 from a3po.batch import RolloutBatch, Sample
-from a3po.device import autocast_dtype
+from a3po.device import autocast, autocast_dtype
 from a3po.errors import ConfigError
 from a3po.corrections import apply_correction
 from a3po.diagnostics import offpolicy_metrics
@@ -128,7 +128,7 @@ class Trainer:
     def __init__(self, policy: torch.nn.Module, *, algo_cfg, schedule_cfg: Mapping[str, Any], train_cfg,
                  temperature: float, pad_id: int, device: torch.device, timer: PhaseTimer,
                  correction_cfg: Mapping[str, Any] | None = None, objective_cfg: Mapping[str, Any] | None = None,
-                 dist: DistInfo = SINGLE) -> None:
+                 dist: DistInfo = SINGLE, precision: str = "fp32") -> None:
         self.policy = policy
         # With N ranks (a3po.distributed) each trains on its shard of every minibatch; the
         # model is sharded with FSDP2 before the optimizer sees its parameters.
@@ -156,10 +156,11 @@ class Trainer:
         if dist.world > 1:  # the root's parameters are gathered around this call as around forward
             self._logits = wrap_fsdp(policy, forward_method=self._response_logits)
         self.optimizer = make_optimizer(policy, train_cfg)
-        # bf16 autocast for a float32 model on a GPU (float32 master weights, optimizer and
-        # log-softmax); the HF engine samples under the same rule, so behave and current
-        # log-probs are computed alike. On CPU nothing changes.
-        self.autocast_dtype = autocast_dtype(device, policy)
+        # `precision` (resolved, a3po.device): bf16 is autocast with float32 master weights,
+        # optimizer and log-softmax; the HF engine samples under the same rule, so behave and
+        # current log-probs are computed alike.
+        self.precision = precision
+        self.autocast_dtype = autocast_dtype(device, policy, precision)
 
     # ------------------------------------------------------------------ forward
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -192,9 +193,7 @@ class Trainer:
         when not asked for) is a logged metric: the recompute forward does not need it."""
         input_ids, attention_mask, predicts_response = self._padded_inputs(samples)
         targets = self._to_device(torch.cat([s.response_ids for s in samples]))
-        autocast = (torch.autocast("cuda", dtype=self.autocast_dtype) if self.autocast_dtype is not None
-                    else contextlib.nullcontext())
-        with autocast:
+        with autocast(self.device, self.autocast_dtype):
             logits = self._logits(input_ids, attention_mask, predicts_response)
         if self.temperature != 1.0:
             logits = logits / self.temperature
@@ -210,6 +209,21 @@ class Trainer:
             return self._lm_head(hidden.flatten(0, 1).index_select(0, predicts_response))
         logits = self.policy(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
         return logits.flatten(0, 1).index_select(0, predicts_response)
+
+    def warm_up(self, prompt_ids: list[int]) -> None:
+        """One forward + backward on a sample made of `prompt_ids`, gradients dropped: the
+        first call's set-up cost paid before step 0 (a3po.train.warm_up). No optimizer step,
+        no RNG drawn, so nothing a step computes changes."""
+        ids = torch.tensor(prompt_ids, dtype=torch.long)
+        n_response = max(1, min(8, ids.numel() // 2))
+        sample = Sample(prompt_ids=ids[:-n_response], response_ids=ids[-n_response:],
+                        behave_logp=torch.zeros(n_response), versions=torch.zeros(n_response, dtype=torch.long))
+        was_training = self.policy.training
+        self.policy.train()
+        logp, entropy = self.response_logp([sample])
+        (logp.sum() * 0.0).backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.policy.train(was_training)
 
     @torch.no_grad()
     def recompute_prox_logp(self, samples: list[Sample], plans: list[list[list[int]]]) -> dict[int, torch.Tensor]:

@@ -88,6 +88,17 @@ def test_report_is_well_formed(tiny_report):
         assert key in derived and derived[key], key
     assert all(math.isfinite(v) and v > 0 for v in (derived["prox_ratio_recompute_over_loglinear"],
                                                     derived["step_ratio_ceiling"]))
+    # the matmul probe in the run's compute dtype, and MFU against it for every step and the recompute forward
+    assert on_disk["model"]["precision"] in ("fp32", "bf16")
+    probe = derived["peak_flops_measured"]
+    assert probe["dtype"] == ("float32" if on_disk["model"]["precision"] == "fp32" else "bfloat16")
+    assert 0 < probe["flops_per_s"] <= probe["flops_per_s_best"]
+    for name in (*(f"step/{algo}" for algo in DEFAULT_ALGOS), "prox/recompute", "step/recompute/train_phase"):
+        row = derived["throughput"][name]
+        assert row["mfu_measured_peak"] == pytest.approx(row["flops_per_s"] / probe["flops_per_s"]), name
+    assert derived["throughput"]["step/recompute"]["model_flops"] == pytest.approx(
+        4 * derived["throughput"]["prox/recompute"]["model_flops"])  # fwd + bwd (3 forwards) + recompute's forward
+    assert "measured matmul peak" in (out / "run" / "benchmark.md").read_text()
     floor = derived["bandwidth_floor"]["loglinear@512"]
     assert floor["bytes_minimal"] == 512 * (4 + 4 + 8 + 4) and floor["bytes_eager"] > floor["bytes_minimal"]
     assert 0.0 <= on_disk["batch"]["padding_waste"] < 1.0
@@ -129,6 +140,16 @@ def test_append_docs_appends_a_section(tiny_report, tmp_path):
     fresh = tmp_path / "fresh.md"
     append_to_docs(tiny_report[0], fresh)
     assert fresh.read_text().startswith(DOCS_HEADER.rstrip("\n") + "\n\n## tiny")
+
+
+def test_forward_flops_by_hand():
+    """2 x non-embedding params per real token + 4 x hidden x layers per causal query-key pair
+    + the lm_head at response positions only."""
+    from a3po.benchmark.derive import forward_flops
+
+    model = {"non_embedding_params": 1000, "hidden": 8, "layers": 2, "vocab": 50}
+    batch = {"tokens": 10, "attention_pairs": 30, "response_tokens": 4}
+    assert forward_flops(model, batch) == 2 * 1000 * 10 + 4 * 8 * 2 * 30 + 2 * 8 * 50 * 4
 
 
 def test_parse_algo_and_summary():

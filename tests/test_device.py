@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from a3po.device import autocast_dtype, resolve_device
+from a3po.device import autocast_dtype, native_bf16, resolve_device, resolve_precision
 from a3po.errors import ConfigError
 
 from conftest import TINY_OVERRIDES, compose_config
@@ -14,10 +14,55 @@ from conftest import TINY_OVERRIDES, compose_config
 def test_autocast_rule():
     float32 = torch.nn.Linear(2, 2)
     bf16 = torch.nn.Linear(2, 2).to(torch.bfloat16)
-    assert autocast_dtype(torch.device("cuda"), float32) is torch.bfloat16  # a float32 model on a GPU
-    assert autocast_dtype(torch.device("cuda"), bf16) is None  # already bf16
-    assert autocast_dtype(torch.device("cpu"), float32) is None  # CPU keeps exact float32
-    assert autocast_dtype("cuda:1", float32) is torch.bfloat16
+    for device in ("cuda", "cpu", "cuda:1"):
+        assert autocast_dtype(torch.device(device), float32, "bf16") is torch.bfloat16  # float32 master weights
+        assert autocast_dtype(torch.device(device), float32, "fp32") is None  # exact float32
+        assert autocast_dtype(torch.device(device), bf16, "bf16") is None  # already bf16
+
+
+def _cpu_bf16(monkeypatch, avx512_bf16: bool, amx: bool = False) -> None:
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+
+
+def test_precision_rule_on_this_cpu_follows_torchs_detection():
+    """auto is bf16 exactly where torch reports AVX512-BF16 or AMX (read, not assumed)."""
+    native = bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    assert native_bf16(torch.device("cpu")) is native
+    assert resolve_precision("auto", torch.device("cpu")) == ("bf16" if native else "fp32")
+    assert resolve_precision("fp32", torch.device("cpu")) == "fp32"
+
+
+@pytest.mark.parametrize("avx512_bf16, amx, expected", [(True, False, "bf16"), (False, True, "bf16"), (False, False, "fp32")])
+def test_precision_auto_on_cpus_with_and_without_native_bf16(monkeypatch, avx512_bf16, amx, expected):
+    _cpu_bf16(monkeypatch, avx512_bf16, amx)
+    assert resolve_precision("auto", torch.device("cpu")) == expected
+
+
+def test_precision_bf16_on_a_cpu_without_it_runs_emulated_with_a_warning(monkeypatch, caplog):
+    _cpu_bf16(monkeypatch, False)
+    with caplog.at_level("WARNING"):
+        assert resolve_precision("bf16", torch.device("cpu")) == "bf16"
+    assert "emulates bf16" in caplog.text and "precision=auto picks fp32" in caplog.text
+
+
+def test_precision_on_a_gpu_mocked(monkeypatch):
+    """auto follows the GPU's bf16 support; a GPU without it refuses bf16, naming the key."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert resolve_precision("auto", torch.device("cuda")) == "bf16"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100")
+    assert resolve_precision("auto", torch.device("cuda")) == "fp32"
+    with pytest.raises(ConfigError, match=r"precision='bf16' is not allowed on this machine: Tesla V100 .*allowed: fp32 or auto"):
+        resolve_precision("bf16", torch.device("cuda"))
+
+
+def test_precision_bad_values_and_low_precision_weights():
+    with pytest.raises(ConfigError, match=r"precision='fp16' is not allowed; allowed: \['auto', 'fp32', 'bf16'\]"):
+        resolve_precision("fp16", torch.device("cpu"))
+    assert resolve_precision("auto", torch.device("cpu"), "bfloat16") == "bf16"  # bf16 weights compute in bf16
+    with pytest.raises(ConfigError, match="precision='fp32' is not allowed with model.dtype=bfloat16"):
+        resolve_precision("fp32", torch.device("cpu"), "bfloat16")
 
 
 def test_resolve_device():

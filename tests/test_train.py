@@ -133,6 +133,8 @@ def test_resume_drops_steps_logged_after_the_checkpoint(tiny_cfg):
         ("algo.name=bogus", "algo.name='bogus'"),
         ("runtime.name=bogus", "runtime.name='bogus'"),
         ("logger.mode=sometimes", "logger.mode='sometimes'"),
+        ("precision=fp16", "precision='fp16'"),
+        ("train.warmup=maybe", "train.warmup='maybe'"),
     ],
 )
 def test_bad_config_fails_before_loading(tiny_cfg, override, key, monkeypatch):

@@ -22,8 +22,10 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
 )
 
 
-def peak_flops(device: torch.device) -> float | None:
-    if device.type != "cuda":
+def peak_flops(device: torch.device, precision: str = "bf16") -> float | None:
+    """The nominal dense bf16 peak of a known GPU; None on a CPU (no datasheet figure applies
+    to a VM's share of one) or for fp32, whose GPU peak is not a tensor-core figure."""
+    if device.type != "cuda" or precision != "bf16":
         return None
     name = torch.cuda.get_device_name(device)
     for key, flops in PEAK_BF16_FLOPS:
@@ -96,25 +98,53 @@ def kernel_ratios(report: dict) -> dict[str, Any]:
     return out
 
 
-def throughput(report: dict, n_params: int, peak: float | None) -> dict[str, dict[str, float]]:
-    """Tokens/s per step (6 x params x tokens, plus 2 x params x tokens for recompute's forward)
-    and of the recompute forward alone; MFU where the device's peak is known."""
+def forward_flops(model: dict, batch: dict) -> float:
+    """Model FLOPs of one forward over the batch, as the trainer runs it: 2 x non-embedding
+    parameters per token (every real token), causal attention's QK^T and AV (2 x 2 x hidden
+    per query-key pair per layer), and the lm_head (2 x hidden x vocab) at response positions
+    only, where the trainer applies it. Padding is not counted: it is waste, not work."""
+    dense = 2 * model["non_embedding_params"] * batch["tokens"]
+    attention = 4 * model["hidden"] * model["layers"] * batch["attention_pairs"]
+    lm_head = 2 * model["hidden"] * model["vocab"] * batch["response_tokens"]
+    return float(dense + attention + lm_head)
+
+
+def measured_peak(report: dict) -> dict[str, Any] | None:
+    """The matmul probe's rate (FLOP/s at its median and at its best repetition)."""
+    entry = next((e for n, e in report["results"].items() if n.startswith("kernel/matmul_")), None)
+    if not entry:
+        return None
+    flops = entry["info"]["flops"]
+    return {"dtype": entry["info"]["dtype"], "shape": entry["info"]["shape"],
+            "flops_per_s": flops / entry["seconds"]["median"], "flops_per_s_best": flops / entry["seconds"]["min"]}
+
+
+def throughput(report: dict, peak: float | None) -> dict[str, dict[str, float]]:
+    """Tokens/s and achieved FLOP/s per step (forward + backward = 3 forwards, plus one for
+    recompute's no-grad forward) and of the recompute forward alone, with MFU against the
+    measured matmul peak and, where known, the device's nominal peak."""
     tokens, out = report["batch"]["tokens"], {}
-    for name, entry in report["results"].items():
-        if entry["kind"] != "step":
-            continue
-        seconds = entry["seconds"]["median"]
-        recomputes = name.split("@")[0] == "step/recompute"
-        flops = 6 * n_params * tokens + (2 * n_params * tokens if recomputes else 0)
-        row = {"tokens_per_s": tokens / seconds, "model_flops": flops}
+    forward = forward_flops(report["model"], report["batch"])
+    probe = measured_peak(report)
+
+    def row(flops: float, seconds: float) -> dict[str, float]:
+        result = {"tokens_per_s": tokens / seconds, "model_flops": flops, "flops_per_s": flops / seconds}
+        if probe:
+            result["mfu_measured_peak"] = flops / seconds / probe["flops_per_s"]
         if peak:
-            row["mfu"] = flops / seconds / peak
-        out[name] = row
+            result["mfu"] = flops / seconds / peak
+        return result
+
+    for name, entry in report["results"].items():
+        if entry["kind"] == "step":
+            recomputes = name.split("@")[0] == "step/recompute"
+            out[name] = row(3 * forward + (forward if recomputes else 0.0), entry["seconds"]["median"])
+            train_s = entry.get("train", {}).get("median") if isinstance(entry.get("train"), dict) else None
+            if train_s:  # the train phase alone: forward + backward of every micro-batch, and AdamW
+                out[f"{name}/train_phase"] = row(3 * forward, train_s)
     prox_recompute = median(report, "prox/recompute")
     if prox_recompute:
-        out["prox/recompute"] = {"tokens_per_s": tokens / prox_recompute, "model_flops": 2 * n_params * tokens}
-        if peak:
-            out["prox/recompute"]["mfu"] = 2 * n_params * tokens / prox_recompute / peak
+        out["prox/recompute"] = row(forward, prox_recompute)
     return out
 
 
@@ -144,11 +174,12 @@ def bandwidth_floor(report: dict, traffic: dict[str, dict[str, Any]]) -> dict[st
     return out
 
 
-def derive(report: dict, device: torch.device, n_params: int, traffic: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The headline ratios, the ceiling of the step-time ratio, throughput, and the bandwidth floor."""
-    peak = peak_flops(device)
+def derive(report: dict, device: torch.device, traffic: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The headline ratios, the ceiling of the step-time ratio, throughput and MFU, and the bandwidth floor."""
+    peak = peak_flops(device, report["model"].get("precision", "bf16"))
     out: dict[str, Any] = {**prox_ratios(report), **step_ratios(report), **kernel_ratios(report),
-                           "throughput": throughput(report, n_params, peak), "peak_flops": peak,
+                           "throughput": throughput(report, peak), "peak_flops": peak,
+                           "peak_flops_measured": measured_peak(report),
                            **bandwidth_floor(report, traffic)}
     if "rollout" in report["results"]:
         out["rollout_tokens_per_s"] = report["results"]["rollout"]["tokens_per_s"]["median"]

@@ -10,6 +10,7 @@ import torch
 
 from a3po.benchmark.harness import TrafficCounter, Variant, repeated, timed
 from a3po.benchmark.workload import Workload, group_configs
+from a3po.device import autocast_dtype
 from a3po.loss import token_logprobs, token_logprobs_and_entropy
 from a3po.proximal import approximate_prox_logp
 from a3po.trainer import Trainer, all_finite
@@ -25,7 +26,7 @@ def rollout_variant(w: Workload) -> Variant:
     rollout_cfg, batch = w.cfg.rollout, w.batch
     engine = HFEngine(w.policy, w.tokenizer, temperature=rollout_cfg.temperature, top_p=rollout_cfg.get("top_p", 1.0),
                       max_new_tokens=w.options.response_len, batch_size=rollout_cfg.get("batch_size"),
-                      version=w.version)
+                      version=w.version, precision=w.precision)
     prompts = [w.samples[g * batch.n_samples].prompt_ids.tolist() for g in range(batch.n_prompts)]
 
     def rollout() -> dict[str, float]:
@@ -118,11 +119,25 @@ def optimizer_variants(policy: torch.nn.Module, device: torch.device, train_cfg)
             for name, optimizer in implementations.items()]
 
 
-def logits_dtype(policy: torch.nn.Module, device: torch.device) -> torch.dtype:
-    """What the trainer's lm_head returns: bf16 under its cuda autocast of a float32 model,
-    the weights' dtype otherwise."""
-    dtype = next(policy.parameters()).dtype
-    return torch.bfloat16 if device.type == "cuda" and dtype == torch.float32 else dtype
+def logits_dtype(policy: torch.nn.Module, precision: str) -> torch.dtype:
+    """What the trainer's lm_head returns: bf16 under its autocast of a float32 model
+    (precision=bf16), the weights' dtype otherwise."""
+    return autocast_dtype(torch.device("cpu"), policy, precision) or next(policy.parameters()).dtype
+
+
+def matmul_peak_variant(w: Workload) -> Variant:
+    """The device's achievable matmul rate in the run's compute dtype: a GEMM of the model's
+    own MLP shape (tokens x hidden @ hidden x intermediate) at a few thousand rows. The MFU
+    figures divide by this measured peak, beside the nominal one where it is known."""
+    config = w.policy.config
+    rows, hidden, inner = 2048, int(config.hidden_size), int(config.intermediate_size)
+    dtype = logits_dtype(w.policy, w.precision)
+    generator = torch.Generator(device=w.device).manual_seed(w.cfg.seed + 37)
+    a = torch.randn(rows, hidden, device=w.device, generator=generator).to(dtype)
+    b = torch.randn(hidden, inner, device=w.device, generator=generator).to(dtype)
+    flops = 2 * rows * hidden * inner
+    return Variant(f"kernel/matmul_{str(dtype).removeprefix('torch.')}", "kernel", repeated(lambda: a @ b, w.device),
+                   info={"flops": flops, "shape": [rows, hidden, inner], "dtype": str(dtype).removeprefix("torch.")})
 
 
 def logprob_variants(w: Workload) -> list[Variant]:
@@ -132,7 +147,7 @@ def logprob_variants(w: Workload) -> list[Variant]:
     samples, device, vocab = w.samples, w.device, w.policy.config.vocab_size
     tokens = max(sum(samples[i].response_ids.numel() for i in micro) for plan in w.plans for micro in plan)
     logits = torch.randn(tokens, vocab, device=device, generator=torch.Generator(device=device).manual_seed(
-        w.cfg.seed + 31)).to(logits_dtype(w.policy, device))
+        w.cfg.seed + 31)).to(logits_dtype(w.policy, w.precision))
     targets = torch.randint(0, vocab, (tokens,), device=device)
 
     def logprob_pass(with_entropy: bool) -> None:
@@ -209,6 +224,7 @@ def all_variants(w: Workload) -> tuple[list[Variant], KernelInputs]:
     if w.options.optimizer_kernels:
         variants += optimizer_variants(w.policy, w.device, w.cfg.train)
     variants += logprob_variants(w)
+    variants.append(matmul_peak_variant(w))
     variants.append(copy_variant(w.device, w.options.bandwidth_mib))
     inputs = kernel_inputs(w)
     variants += approximation_kernel_variants(inputs, w.version, w.device)

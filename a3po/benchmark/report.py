@@ -91,9 +91,15 @@ def _ratio_lines(report: dict) -> list[str]:
 
 def _rate_lines(report: dict) -> list[str]:
     d, lines = report["derived"], []
+    probe = d.get("peak_flops_measured")
+    if probe:
+        nominal = f"; nominal {d['peak_flops'] / 1e12:.0f} TFLOP/s" if d.get("peak_flops") else "; nominal: not known here"
+        lines.append(f"- measured matmul peak ({probe['dtype']}, {' x '.join(map(str, probe['shape']))}): "
+                     f"{probe['flops_per_s'] / 1e9:.1f} GFLOP/s median, {probe['flops_per_s_best'] / 1e9:.1f} best{nominal}")
     for name, row in d.get("throughput", {}).items():
-        mfu = f", MFU {row['mfu']:.1%}" if "mfu" in row else ""
-        lines.append(f"- {name}: {row['tokens_per_s']:.0f} tokens/s{mfu}")
+        mfu = f", MFU {row['mfu_measured_peak']:.1%} of the measured peak" if "mfu_measured_peak" in row else ""
+        mfu += f", {row['mfu']:.1%} of nominal" if "mfu" in row else ""
+        lines.append(f"- {name}: {row['tokens_per_s']:.0f} tokens/s, {row['flops_per_s'] / 1e9:.1f} GFLOP/s{mfu}")
     if "rollout_tokens_per_s" in d:
         lines.append(f"- rollout: {d['rollout_tokens_per_s']:.0f} generated tokens/s")
     if "memory_bandwidth_GBps" in d:

@@ -22,6 +22,8 @@ def batch_info(w: Workload) -> dict[str, Any]:
         "n_prompts": w.batch.n_prompts, "n_samples": w.batch.n_samples, "prompt_len": options.prompt_len,
         "response_len_max": options.response_len, "length_spread": options.length_spread,
         "response_tokens": sum(s.response_ids.numel() for s in samples), "tokens": sum(s.length for s in samples),
+        # query-key pairs a causal attention uses, summed over sequences: its FLOPs' size
+        "attention_pairs": sum(s.length * (s.length + 1) // 2 for s in samples),
         "staleness": w.staleness, "version": w.version,
         "n_minibatches": int(train_cfg.n_minibatches), "token_budget": int(train_cfg.token_budget),
         **padding_stats(samples, w.plans),
@@ -43,16 +45,19 @@ def run_benchmark(cfg: DictConfig, options: BenchmarkOptions, *, command: str = 
     machine["load_average_end"] = load_average()
 
     n_params = sum(p.numel() for p in w.policy.parameters())
+    embedding = w.policy.get_input_embeddings().weight.numel()
     report = {
         "command": command,
         "label": options.label,
         "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "machine": machine,
-        "model": {"name": cfg.model.name, "dtype": cfg.model.dtype, "params": n_params},
+        "model": {"name": cfg.model.name, "dtype": cfg.model.dtype, "precision": w.precision, "params": n_params,
+                  "non_embedding_params": n_params - embedding, "hidden": int(w.policy.config.hidden_size),
+                  "layers": int(w.policy.config.num_hidden_layers), "vocab": int(w.policy.config.vocab_size)},
         "options": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(options).items()},
         "batch": batch_info(w),
         "elapsed_s": elapsed,
         "results": summarize_results(variants, raw),
     }
-    report["derived"] = derive(report, w.device, n_params, approximation_traffic(kernel_inputs, w.version))
+    report["derived"] = derive(report, w.device, approximation_traffic(kernel_inputs, w.version))
     return report

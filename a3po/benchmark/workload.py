@@ -13,7 +13,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from a3po.batch import RolloutBatch, Sample
-from a3po.device import resolve_device
+from a3po.device import resolve_device, resolve_precision
 from a3po.proximal import METHODS, SCHEDULES
 from a3po.timer import PhaseTimer
 from a3po.trainer import Trainer, pack_micro_batches
@@ -169,6 +169,7 @@ class Workload:
     policy: torch.nn.Module
     tokenizer: Any
     timer: PhaseTimer  # the step trainers' timer: step variants read their phases from it
+    precision: str  # resolved (a3po.device), as a training run resolves it
     trainers: dict[str, Trainer]  # label -> trainer, sharing one optimizer
     reference: Trainer  # recompute, own timer: builds the batch and times the recompute forward
     batch: RolloutBatch
@@ -184,11 +185,12 @@ class Workload:
 
 
 def make_trainer(cfg: DictConfig, policy: torch.nn.Module, tokenizer: Any, algo: str, schedule: str,
-                 device: torch.device, timer: PhaseTimer) -> Trainer:
+                 device: torch.device, timer: PhaseTimer, precision: str = "fp32") -> Trainer:
     """A trainer built as training builds it, for `algo` with the alpha `schedule`."""
     algo_cfg, schedule_cfg = group_configs(algo, schedule)
     return Trainer(policy, algo_cfg=algo_cfg, schedule_cfg=schedule_cfg, train_cfg=cfg.train,
-                   temperature=cfg.rollout.temperature, pad_id=tokenizer.pad_token_id, device=device, timer=timer)
+                   temperature=cfg.rollout.temperature, pad_id=tokenizer.pad_token_id, device=device, timer=timer,
+                   precision=precision)
 
 
 def build_workload(cfg: DictConfig, options: BenchmarkOptions) -> Workload:
@@ -198,17 +200,18 @@ def build_workload(cfg: DictConfig, options: BenchmarkOptions) -> Workload:
     from a3po.models import load_policy
 
     device = resolve_device(cfg.device)
+    precision = resolve_precision(cfg.get("precision", "auto"), device, cfg.model.get("dtype", "float32"))
     torch.manual_seed(cfg.seed)
     policy, tokenizer = load_policy(cfg.model, device=device, seed=cfg.seed)
     timer = PhaseTimer(device)
     staleness = int(cfg.staleness)
     version = staleness + 1  # behaviour version 1 (never the prompt-only version -1)
-    trainers = {algo_label(spec): make_trainer(cfg, policy, tokenizer, *parse_algo(spec), device, timer)
+    trainers = {algo_label(spec): make_trainer(cfg, policy, tokenizer, *parse_algo(spec), device, timer, precision)
                 for spec in options.algos}
     first = next(iter(trainers.values()))
     for trainer in trainers.values():
         trainer.optimizer = first.optimizer
-    reference = make_trainer(cfg, policy, tokenizer, "recompute", "inverse", device, PhaseTimer(device))
+    reference = make_trainer(cfg, policy, tokenizer, "recompute", "inverse", device, PhaseTimer(device), precision)
     reference.optimizer = first.optimizer
     batch = synthetic_batch(reference, vocab_size=policy.config.vocab_size, n_prompts=cfg.train.n_prompts,
                             n_samples=cfg.train.n_samples, prompt_len=options.prompt_len,
@@ -224,5 +227,6 @@ def build_workload(cfg: DictConfig, options: BenchmarkOptions) -> Workload:
     timer.pop()
     start.restore()
     return Workload(cfg=cfg, options=options, device=device, policy=policy, tokenizer=tokenizer, timer=timer,
+                    precision=precision,
                     trainers=trainers, reference=reference, batch=batch, plans=plans, start=start,
                     staleness=staleness, version=version, plan_seed=plan_seed)

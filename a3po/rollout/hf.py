@@ -9,7 +9,6 @@ concurrent with training (runtime=async): it owns a private copy of the weights.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import threading
 from typing import Sequence
@@ -17,15 +16,17 @@ from typing import Sequence
 import torch
 
 from a3po.batch import Sample
-from a3po.device import autocast_dtype
+from a3po.device import autocast, autocast_dtype
 from a3po.rng import seeded
 from a3po.rollout.base import GenerationCancelled, StagedWeightUpdates
 
 
 class HFEngine:
     def __init__(self, policy: torch.nn.Module, tokenizer, *, temperature: float = 1.0, top_p: float = 1.0,
-                 max_new_tokens: int = 32, batch_size: int | None = None, version: int = 0) -> None:
+                 max_new_tokens: int = 32, batch_size: int | None = None, version: int = 0,
+                 precision: str = "fp32") -> None:
         self.policy = policy
+        self.precision = precision  # resolved (a3po.device): the trainer's, so behave_logp is computed alike
         self.temperature = float(temperature)
         self.top_p = float(top_p)
         self.max_new_tokens = int(max_new_tokens)
@@ -72,12 +73,10 @@ class HFEngine:
             attention_mask[row, width - len(ids):] = 1
         was_training = self.policy.training
         self.policy.eval()
-        # The trainer's precision rule (bf16 autocast for a float32 model on a GPU), so the
-        # behaviour log-probs are computed as the trainer's own forward computes them.
-        dtype = autocast_dtype(device, self.policy)
-        autocast = torch.autocast("cuda", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+        # The trainer's precision rule, so the behaviour log-probs are computed as the
+        # trainer's own forward computes them.
         try:
-            with autocast:
+            with autocast(device, autocast_dtype(device, self.policy, self.precision)):
                 out = self.policy.generate(
                     input_ids=input_ids.to(device),
                     attention_mask=attention_mask.to(device),

@@ -109,7 +109,8 @@ class VLLMEngine(StagedWeightUpdates):
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_config(cls, rollout_cfg, policy: torch.nn.Module, tokenizer, device) -> "VLLMEngine":
+    def from_config(cls, rollout_cfg, policy: torch.nn.Module, tokenizer, device,
+                    precision: str = "fp32") -> "VLLMEngine":
         try:
             from vllm import LLM
         except ImportError as err:
@@ -122,11 +123,11 @@ class VLLMEngine(StagedWeightUpdates):
         device = torch.device(device)
         on_cpu = device.type == "cpu"
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        dtype = rollout_cfg.get("dtype", "float32")
         policy_dtype = str(next(policy.parameters()).dtype).removeprefix("torch.")
-        if dtype not in ("auto", policy_dtype):
-            log.warning("rollout.dtype=%s differs from the policy's %s: behave_logp will not match the "
-                        "trainer's forward to float32 precision", dtype, policy_dtype)
+        dtype = rollout_cfg.get("dtype") or vllm_dtype(precision, policy_dtype)
+        if dtype not in ("auto", vllm_dtype(precision, policy_dtype)):
+            log.warning("rollout.dtype=%s differs from the trainer's compute dtype (precision=%s, weights %s): "
+                        "behave_logp will not match the trainer's forward to its precision", dtype, precision, policy_dtype)
 
         model_dir = tempfile.mkdtemp(prefix="a3po-vllm-")
         try:
@@ -295,6 +296,13 @@ def _destroy_vllm_process_groups() -> None:
         return
     destroy_model_parallel()
     destroy_distributed_environment()
+
+
+def vllm_dtype(precision: str, policy_dtype: str) -> str:
+    """The dtype vLLM computes in under the run's resolved precision: bf16 -> bfloat16 (the
+    trainer's autocast), fp32 -> the weights' own dtype (float32 unless the model is stored
+    in a lower precision)."""
+    return "bfloat16" if precision == "bf16" else policy_dtype
 
 
 def _llm_kwargs(rollout_cfg, model_dir: str, dtype: str, on_cpu: bool, seed_per_request: bool) -> dict[str, Any]:
