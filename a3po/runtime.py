@@ -31,7 +31,11 @@ class LaggedRuntime:
         """The batch for `step`, generating every batch that is due at `version` first.
 
         At version 0 that is the batches for steps 0..D; at version t >= 1, the one for t + D.
+        So step 0 of a run at staleness D generates D + 1 batches and the last D steps none:
+        a run generates each batch once, but its first `time/step` holds D + 1 rollouts. The
+        returned batch's `rollout/batches_generated` says how many this call generated.
         """
+        generated = 0
         while self.next_to_generate < self.total_steps and self.generation_version(self.next_to_generate) <= version:
             if self.generation_version(self.next_to_generate) != version:
                 # Only after `train.total_steps` grew on resume: the batches past the old end
@@ -42,9 +46,11 @@ class LaggedRuntime:
                             self.staleness)
             self.queue.append(self.produce(self.next_to_generate))
             self.next_to_generate += 1
+            generated += 1
         batch = self.queue.popleft()
         if batch.step != step:
             raise RuntimeError(f"lagged runtime: expected the batch for step {step}, found step {batch.step}")
+        batch.stats["rollout/batches_generated"] = float(generated)
         return batch
 
     def state_dict(self) -> dict:

@@ -43,6 +43,9 @@ def test_every_algo_trains_and_logs_every_metric(tiny_cfg, algo, staleness):
         t = record["step"]
         assert record["staleness/max"] == min(t, staleness)
         assert record["staleness/min"] == min(t, staleness)
+        # the lagged runtime fills its queue at step 0: batches 0..D, then one a step until T - 1
+        expected = staleness + 1 if t == 0 else int(t + staleness < 3)
+        assert record["rollout/batches_generated"] == expected
     assert "eval/reward" in records[1] and "eval/reward" in records[2] and "eval/reward" not in records[0]
     if log_errors:  # against the recompute forward, timed apart from time/prox_logp
         assert "prox_error/inverse/logp_abs" in records[0]
