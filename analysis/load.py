@@ -59,6 +59,24 @@ class NoRunsError(FileNotFoundError):
     downstream figure would silently come out blank."""
 
 
+class UnusableRun(Exception):
+    """Why a run directory cannot contribute (its config.yaml or metrics.jsonl cannot be
+    read, or it has no step yet), in one line. The loaders turn it into a RunSkippedWarning
+    naming the directory, and `load_runs` records it in `df.attrs["skipped"]`."""
+
+
+def _one_line(error: BaseException) -> str:
+    """An exception as `Type: message` on one line (parsers' messages span several)."""
+    mark = getattr(error, "problem_mark", None)  # a YAML error: where in the file, and what
+    if mark is not None and getattr(error, "problem", None):
+        return f"{type(error).__name__}: {error.problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"
+
+
+def _warn_skipped(run_dir: Path, reason: str) -> None:
+    warnings.warn(f"{run_dir}: skipped, {reason}", RunSkippedWarning, stacklevel=3)
+
+
 def add_labels(df: pd.DataFrame) -> pd.DataFrame:
     """The frame with every identity column. Frames from `load_runs`/`load_wandb` already
     carry them; a frame built by hand with only `algo`, `schedule` and `staleness` gets
@@ -181,38 +199,53 @@ def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def read_config(run_dir: Path) -> dict[str, Any]:
-    with open(run_dir / "config.yaml", encoding="utf-8") as handle:
-        return yaml.safe_load(handle) or {}
+    """The run's config.yaml as a dict ({} when empty). Raises UnusableRun saying why when
+    the file cannot be read or parsed, or holds something other than a mapping."""
+    try:
+        with open(run_dir / "config.yaml", encoding="utf-8") as handle:
+            config = yaml.safe_load(handle)
+    except yaml.YAMLError as error:
+        raise UnusableRun(f"config.yaml is not valid YAML ({_one_line(error)})") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise UnusableRun(f"config.yaml cannot be read ({_one_line(error)})") from None
+    if config is None:
+        return {}
+    if not isinstance(config, Mapping):
+        raise UnusableRun(f"config.yaml holds a {type(config).__name__}, not a mapping of settings")
+    return dict(config)
 
 
 def load_configs(paths: str | Path | Iterable[str | Path]) -> dict[tuple[str, str], dict[str, Any]]:
     """(experiment, run) -> the resolved config of every run directory below `paths`,
-    including runs without metrics; the report reads the settings that matter from here."""
+    including runs without metrics; the report reads the settings that matter from here.
+    A config that cannot be read is left out with a RunSkippedWarning."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
     configs = {}
     for run_dir in find_run_dirs(list(paths)):
-        config = read_config(run_dir)
+        try:
+            config = read_config(run_dir)
+        except UnusableRun as reason:
+            _warn_skipped(run_dir, str(reason))
+            continue
         identity = run_identity(config, fallback_name=run_dir.name, fallback_experiment=run_dir.parent.name)
         configs[(identity["experiment"], identity["run"])] = config
     return configs
 
 
-def load_run_dir(run_dir: Path) -> pd.DataFrame | None:
-    """One run directory's rows, or None (with a warning naming it) when it has no
-    metrics to contribute."""
+def _run_frame(run_dir: Path) -> pd.DataFrame:
+    """One run directory's rows; raises UnusableRun when it has none to contribute."""
     metrics_path = run_dir / "metrics.jsonl"
     if not metrics_path.is_file() or metrics_path.stat().st_size == 0:
-        warnings.warn(f"{run_dir}: skipped, no metrics.jsonl (or it is empty)",
-                      RunSkippedWarning, stacklevel=2)
-        return None
+        raise UnusableRun("no metrics.jsonl (or it is empty)")
     config = read_config(run_dir)
     identity = run_identity(config, fallback_name=run_dir.name, fallback_experiment=run_dir.parent.name)
-    records = read_metrics(metrics_path)
+    try:
+        records = read_metrics(metrics_path)
+    except (OSError, UnicodeDecodeError) as error:
+        raise UnusableRun(f"metrics.jsonl cannot be read ({_one_line(error)})") from None
     if not records:
-        warnings.warn(f"{run_dir}: skipped, metrics.jsonl holds no readable step",
-                      RunSkippedWarning, stacklevel=2)
-        return None
+        raise UnusableRun("metrics.jsonl holds no readable step")
     frame = tidy_run(identity, records)
     if len(frame) and not frame["complete"].iloc[0]:
         log.info("%s: incomplete, last step %d of %s", identity["run"], frame["step"].max(),
@@ -220,12 +253,24 @@ def load_run_dir(run_dir: Path) -> pd.DataFrame | None:
     return frame
 
 
-def _concat(frames: list[pd.DataFrame], where: str) -> pd.DataFrame:
+def load_run_dir(run_dir: Path) -> pd.DataFrame | None:
+    """One run directory's rows, or None (with a RunSkippedWarning naming it and why) when it
+    has nothing to contribute: no metrics, or a config.yaml or metrics.jsonl that cannot be
+    read."""
+    try:
+        return _run_frame(run_dir)
+    except UnusableRun as reason:
+        _warn_skipped(run_dir, str(reason))
+        return None
+
+
+def _concat(frames: list[pd.DataFrame], where: str, n_skipped: int = 0) -> pd.DataFrame:
     frames = [frame for frame in frames if frame is not None and not frame.empty]
     if not frames:
+        skipped = f"; {n_skipped} run directories were skipped (see the warnings)" if n_skipped else ""
         raise NoRunsError(
             f"no runs found in {where}: expected run directories holding config.yaml and a "
-            "non-empty metrics.jsonl (outputs/<experiment>/<run_name>/)")
+            f"non-empty metrics.jsonl (outputs/<experiment>/<run_name>/){skipped}")
     df = disambiguate(pd.concat(frames, ignore_index=True))
     return df.sort_values(["experiment", "run", "metric", "step"], kind="stable").reset_index(drop=True)
 
@@ -233,14 +278,25 @@ def _concat(frames: list[pd.DataFrame], where: str) -> pd.DataFrame:
 def load_runs(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
     """The tidy frame of every run below `paths` (sweep dirs, run dirs, or any parent).
 
-    Raises NoRunsError when nothing usable is found, so a typo in a path fails loudly
-    instead of producing empty figures.
+    A run directory that cannot contribute (no metrics yet, a config.yaml or metrics.jsonl
+    that cannot be read) is skipped with a RunSkippedWarning naming it and why, and listed in
+    `df.attrs["skipped"]` as `(run directory, reason)` pairs: the one record of what was left
+    out, which the report's provenance states. Raises NoRunsError when nothing usable is
+    found, so a typo in a path fails loudly instead of producing empty figures.
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
     paths = list(paths)
-    frames = [load_run_dir(run_dir) for run_dir in find_run_dirs(paths)]
-    return _concat(frames, ", ".join(str(p) for p in paths) or "(no path given)")
+    frames, skipped = [], []
+    for run_dir in find_run_dirs(paths):
+        try:
+            frames.append(_run_frame(run_dir))
+        except UnusableRun as reason:
+            _warn_skipped(run_dir, str(reason))
+            skipped.append((str(run_dir), str(reason)))
+    df = _concat(frames, ", ".join(str(p) for p in paths) or "(no path given)", len(skipped))
+    df.attrs["skipped"] = skipped
+    return df
 
 
 def load_wandb(project: str, entity: str | None = None, api: Any = None) -> pd.DataFrame:

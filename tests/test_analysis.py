@@ -241,6 +241,56 @@ def test_run_without_metrics_is_skipped_with_its_name(tmp_path):
     assert set(df["run"]) == {"coupled-d1-s0"}
 
 
+@pytest.mark.parametrize("file, content, reason", [
+    ("config.yaml", b"run_name: [unclosed\nseed: 0\n", "config.yaml is not valid YAML (ParserError: "),
+    ("config.yaml", b"- a list\n- not settings\n", "config.yaml holds a list, not a mapping of settings"),
+    ("config.yaml", b"seed: \xff\xfe\n", "config.yaml cannot be read (UnicodeDecodeError: "),
+    ("metrics.jsonl", b'{"step": 0}\n\xff\xfe garbage\n', "metrics.jsonl cannot be read (UnicodeDecodeError: "),
+])
+def test_run_with_an_unreadable_file_is_skipped_in_one_line_naming_it(tmp_path, file, content, reason):
+    sweep = tmp_path / "sweep"
+    write_run(sweep, "coupled", 1, 0)
+    bad = write_run(sweep, "recompute", 1, 0)
+    (bad / file).write_bytes(content)
+    with pytest.warns(RunSkippedWarning) as caught:
+        df = load_runs(sweep)
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and "\n" not in messages[0]
+    assert messages[0].startswith(f"{bad.resolve()}: skipped, {reason}")
+    assert set(df["run"]) == {"coupled-d1-s0"}
+    assert df.attrs["skipped"] == [(str(bad.resolve()), messages[0].split(": skipped, ", 1)[1])]
+
+
+def test_skipped_runs_are_recorded_whatever_the_reason(tmp_path):
+    sweep = tmp_path / "sweep"
+    write_run(sweep, "coupled", 1, 0)
+    assert load_runs(sweep).attrs["skipped"] == []
+    (write_run(sweep, "recompute", 1, 0) / "metrics.jsonl").unlink()
+    (write_run(sweep, "loglinear", 1, 0) / "config.yaml").write_text("a: [")
+    with pytest.warns(RunSkippedWarning):
+        skipped = dict(load_runs(sweep).attrs["skipped"])
+    assert sorted(Path(path).name for path in skipped) == ["loglinear-d1-s0", "recompute-d1-s0"]
+    assert skipped[str((sweep / "recompute-d1-s0").resolve())] == "no metrics.jsonl (or it is empty)"
+
+
+def test_load_configs_leaves_out_an_unreadable_config_with_a_warning(tmp_path):
+    from analysis.load import load_configs
+
+    sweep = tmp_path / "sweep"
+    write_run(sweep, "coupled", 1, 0)
+    (write_run(sweep, "recompute", 1, 0) / "config.yaml").write_text("a: [")
+    with pytest.warns(RunSkippedWarning, match=r"recompute-d1-s0: skipped, config\.yaml is not valid YAML"):
+        configs = load_configs(sweep)
+    assert list(configs) == [("synthetic", "coupled-d1-s0")]
+
+
+def test_only_unreadable_runs_is_a_clear_error(tmp_path):
+    sweep = tmp_path / "sweep"
+    (write_run(sweep, "coupled", 1, 0) / "config.yaml").write_text("a: [")
+    with pytest.warns(RunSkippedWarning), pytest.raises(NoRunsError, match="1 run directories were skipped"):
+        load_runs(sweep)
+
+
 def test_run_dir_directly_and_nested(sweep, tmp_path):
     direct = load_runs(sweep / "recompute-d1-s0")
     assert set(direct["run"]) == {"recompute-d1-s0"}

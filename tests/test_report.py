@@ -186,7 +186,7 @@ def test_report_file(claims_sweep, tmp_path, capsys):
     for name in pngs:
         assert f"](results/{name})" in text
     assert (figures_dir / "fig1_prox_time.png").read_bytes()[:4] == b"\x89PNG"
-    assert "- runs: 9 (0 incomplete" in text
+    assert "- runs: 9 (0 incomplete" in text and "- skipped run directories: none" in text
     assert "staleness levels: 2; seeds: 0, 1, 2" in text
     assert "- prompts per step: 8" in text and "- max new tokens: 24" in text and "- model: smollm2_135m" in text
     assert "contention (wall/CPU > 1.25, under 0.8 of a core): 0 of 9 runs" in text
@@ -196,6 +196,32 @@ def test_report_file(claims_sweep, tmp_path, capsys):
     assert "**not judged (clip_ratio has no value" in text
     assert "~8,500x" in text and "18-27% less" in text
     assert "## Summary table" in text and "Steady state only" in text
+    assert "files written:" in capsys.readouterr().out
+
+
+def test_report_skips_unreadable_runs_and_says_how_many(claims_sweep, tmp_path, capsys):
+    import shutil
+    import warnings
+
+    sweep = tmp_path / "claims"
+    shutil.copytree(claims_sweep, sweep)
+    (sweep / "recompute-d2-s2" / "config.yaml").write_text("run_name: [unclosed\n")
+    (sweep / "coupled-d2-s1" / "metrics.jsonl").write_bytes(b"\xff\xfe not text\n")
+    out = tmp_path / "results.md"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert report.main([str(sweep), "--out", str(out)]) == 0
+    skipped = sorted(str(w.message) for w in caught if "skipped" in str(w.message))
+    assert len(skipped) == 2 and all("\n" not in message for message in skipped)  # once each, one line
+    assert "coupled-d2-s1: skipped, metrics.jsonl cannot be read (UnicodeDecodeError" in skipped[0]
+    assert "recompute-d2-s2: skipped, config.yaml is not valid YAML (" in skipped[1]
+    text = out.read_text()
+    assert "- runs: 7 (0 incomplete" in text
+    line = next(line for line in text.splitlines() if line.startswith("- skipped run directories:"))
+    assert line.startswith("- skipped run directories: 2, not in any number below (")
+    assert f"`{sweep}/recompute-d2-s2`: config.yaml is not valid YAML (ParserError: " in line
+    assert f"`{sweep}/coupled-d2-s1`: metrics.jsonl cannot be read (UnicodeDecodeError: " in line
+    assert "## Claims" in text and "## Summary table" in text
     assert "files written:" in capsys.readouterr().out
 
 

@@ -284,6 +284,69 @@ def test_gsm8k_missing_local_path_fails_before_loading():
         validate_task_cfg({"name": "gsm8k", "path": "/no/such/gsm8k.jsonl"})
 
 
+def _bad_copy(tmp_path, name: str, line_number: int, replacement: str) -> Path:
+    """The fixture with its `line_number`-th line (1-based) replaced."""
+    lines = FIXTURE.read_text().splitlines()
+    lines[line_number - 1] = replacement
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _data_error(path: Path) -> str:
+    with pytest.raises(ConfigError) as error:
+        gsm8k_from_fixture(path=path)
+    message = str(error.value)
+    assert "\n" not in message and f"task.path file {path}" in message
+    assert "question and answer" in message and "####" in message  # what a record must hold
+    return message
+
+
+@pytest.mark.parametrize("line_number, replacement, problem", [
+    (3, '{"question": "cut short", "answer": "#### 1', "line 3 is not valid JSON"),
+    (5, "not json at all", "line 5 is not valid JSON (Expecting value at column 1)"),
+    (2, '{"question": "Q?", "solution": "#### 4"}', "line 2 has no field answer (its fields: question, solution)"),
+    (4, '["Q?", "#### 4"]', "line 4 is a list, not an object"),
+    (6, '{"question": "Q?", "answer": 4}', "line 6: field answer is a number, not a string"),
+    (1, '{"question": "Q?", "answer": "4"}', "line 1: GSM8K solution has no '####' final answer"),
+])
+def test_gsm8k_bad_jsonl_line_is_a_config_error_naming_file_and_line(tmp_path, line_number, replacement, problem):
+    message = _data_error(_bad_copy(tmp_path, "gsm8k.jsonl", line_number, replacement))
+    assert problem in message
+
+
+def test_gsm8k_json_file_must_be_a_list_of_objects(tmp_path):
+    records = [json.loads(line) for line in FIXTURE.read_text().splitlines()]
+    listed = tmp_path / "gsm8k.json"
+    listed.write_text(json.dumps(records, indent=1))
+    assert len(gsm8k_from_fixture(path=listed).train) > 0  # the good case: one list of objects
+    listed.write_text(json.dumps([*records[:3], "just a string"]))
+    assert "record 3 is a string, not an object" in _data_error(listed)
+    listed.write_text(json.dumps(records, indent=1)[:-40])  # cut short
+    assert "is not valid JSON" in _data_error(listed)
+
+
+def test_gsm8k_parquet_without_the_fields_is_a_config_error(tmp_path):
+    import pandas as pd
+
+    path = tmp_path / "gsm8k.parquet"
+    pd.DataFrame({"question": ["Q?"], "solution": ["#### 4"]}).to_parquet(path)
+    assert "cannot be read as parquet" in _data_error(path)
+
+
+def test_cli_reports_a_bad_gsm8k_file_in_one_line(tmp_path):
+    bad = _bad_copy(tmp_path, "gsm8k.jsonl", 3, "{oops")
+    proc = subprocess.run(
+        [sys.executable, "experiments/train.py", "task=gsm8k", f"task.path={bad}", "model=tiny", "device=cpu",
+         "logger=none", f"output_root={tmp_path / 'outputs'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    error_lines = [line for line in proc.stderr.splitlines() if line.startswith("config error:")]
+    assert len(error_lines) == 1 and f"task.path file {bad}, line 3 is not valid JSON" in error_lines[0]
+    assert "Traceback" not in proc.stderr
+
+
 def _offline(monkeypatch):
     for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.setenv(name, "1")

@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -35,28 +37,90 @@ def gold_answer(solution: str) -> str:
     return re.sub(r"(?<=\d),(?=\d{3})", "", final)
 
 
-def _read_records(path: Path) -> list[dict]:
+# What one record must hold; `_to_problem` checks each, and every error quotes this.
+RECORD_FIELDS = ("question", "answer")
+RECORD_FORMAT = (
+    "one JSON object a line with string fields question and answer, the answer a worked solution "
+    f"ending in '{ANSWER_MARKER} <final answer>' (a .json file may instead hold one JSON list of such "
+    "objects; a .parquet file, columns question and answer)"
+)
+
+
+def _json_kind(value: Any) -> str:
+    """What a parsed JSON value is, in words, for an error about a record of the wrong type."""
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number")
+
+
+def _read_records(path: Path) -> list[tuple[str, Any]]:
+    """The records of a local data file, each with where it is in the file (`line 7`,
+    `record 3`, `row 3`), so that a bad record is reported at its place. A file that cannot
+    be read as that format is a ConfigError naming it, the place and what was expected,
+    instead of a parser's traceback."""
     if path.suffix == ".parquet":
         import pandas as pd
 
-        return pd.read_parquet(path, columns=["question", "answer"]).to_dict("records")
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json" and text.lstrip().startswith("["):
-        return json.loads(text)
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def _to_problems(records, source: str) -> list[Problem]:
-    problems = []
-    for index, record in enumerate(records):
         try:
-            answer = gold_answer(record["answer"])
-            problems.append(Problem(question=record["question"], answer=answer))
-        except (KeyError, ValueError) as error:
-            raise ValueError(
-                f"{source}: record {index} is not in GSM8K format ({error})"
-            ) from error
-    return problems
+            frame = pd.read_parquet(path, columns=list(RECORD_FIELDS))
+        except (OSError, ValueError, KeyError) as error:  # pyarrow's errors derive from these
+            reason = " ".join(str(error).split())[:300]
+            raise ConfigError(f"task.path file {path} cannot be read as parquet ({type(error).__name__}: {reason}); "
+                              f"expected {RECORD_FORMAT}") from None
+        return [(f"row {index}", record) for index, record in enumerate(frame.to_dict("records"))]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"task.path file {path} is not UTF-8 text (byte {error.start}); expected {RECORD_FORMAT}") \
+            from None
+    except OSError as error:
+        raise ConfigError(f"task.path file {path} cannot be read ({type(error).__name__}: {error.strerror})") from None
+    if path.suffix == ".json" and text.lstrip().startswith("["):
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"task.path file {path}, line {error.lineno} is not valid JSON ({error.msg} at column "
+                              f"{error.colno}); expected {RECORD_FORMAT}") from None
+        return [(f"record {index}", record) for index, record in enumerate(records)]
+    records = []
+    # split on "\n" only: str.splitlines would also split inside a JSON string holding U+2028
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append((f"line {number}", json.loads(line)))
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"task.path file {path}, line {number} is not valid JSON ({error.msg} at column "
+                              f"{error.colno}); expected {RECORD_FORMAT}") from None
+    return records
+
+
+def _to_problem(record: Any, source: str, where: str) -> Problem:
+    """One record as a Problem, or a ConfigError naming the source, the record's place and
+    what is wrong with it."""
+    if not isinstance(record, dict):
+        raise ConfigError(f"{source}, {where} is {_json_kind(record)}, not an object; expected {RECORD_FORMAT}")
+    missing = [name for name in RECORD_FIELDS if name not in record]
+    if missing:
+        raise ConfigError(f"{source}, {where} has no field {' or '.join(missing)} (its fields: "
+                          f"{', '.join(map(str, record)) or 'none'}); expected {RECORD_FORMAT}")
+    for name in RECORD_FIELDS:
+        if not isinstance(record[name], str):
+            raise ConfigError(f"{source}, {where}: field {name} is {_json_kind(record[name])}, not a string; "
+                              f"expected {RECORD_FORMAT}")
+    try:
+        answer = gold_answer(record["answer"])
+    except ValueError as error:
+        raise ConfigError(f"{source}, {where}: {error}; expected {RECORD_FORMAT}") from None
+    return Problem(question=record["question"], answer=answer)
+
+
+def _to_problems(records: Iterable[tuple[str, Any]], source: str) -> list[Problem]:
+    return [_to_problem(record, source, where) for where, record in records]
+
+
+def _numbered(records: Iterable[Any]) -> list[tuple[str, Any]]:
+    """Records without a place in a file (the hub's) are named by their index."""
+    return [(f"record {index}", record) for index, record in enumerate(records)]
 
 
 def _find_split_file(directory: Path, split: str) -> Path | None:
@@ -131,8 +195,8 @@ def load_gsm8k(
     if path is None:
         dataset = _load_from_hub(hub_id, hub_config)
         return (
-            _to_problems(dataset["train"], f"{hub_id}:train"),
-            _to_problems(dataset["test"], f"{hub_id}:test"),
+            _to_problems(_numbered(dataset["train"]), f"{hub_id}:train"),
+            _to_problems(_numbered(dataset["test"]), f"{hub_id}:test"),
         )
     location = Path(path).expanduser()
     if location.is_dir():
@@ -144,10 +208,10 @@ def load_gsm8k(
                 f"({', '.join(DATA_SUFFIXES)}); found train={train_file}, test={test_file}"
             )
         return (
-            _to_problems(_read_records(train_file), str(train_file)),
-            _to_problems(_read_records(test_file), str(test_file)),
+            _to_problems(_read_records(train_file), f"task.path file {train_file}"),
+            _to_problems(_read_records(test_file), f"task.path file {test_file}"),
         )
-    problems = _to_problems(_read_records(location), str(location))
+    problems = _to_problems(_read_records(location), f"task.path file {location}")
     train = [p for p in problems if not is_held_out(p.question, held_out_fraction)]
     held_out = [p for p in problems if is_held_out(p.question, held_out_fraction)]
     return train, held_out
