@@ -32,7 +32,7 @@ from a3po.distributed import (SINGLE, DistInfo, any_rank, broadcast_object, clos
 from a3po.errors import ConfigError
 from a3po.metrics_log import MetricsLogger
 from a3po.preemption import GracefulStop
-from a3po.rundir import claim_run_dir, finished_steps, mark_finished
+from a3po.rundir import claim_run_dir, finished_steps, mark_finished, release_run_dir
 from a3po.timer import PhaseTimer
 from a3po.trainer import Trainer
 
@@ -259,6 +259,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     try:
         return _run(cfg, run_dir, rank_device(device, dist), dist)
     finally:
+        release_run_dir(run_dir)  # a no-op on ranks > 0, which never claim it
         close_distributed(dist)
 
 
@@ -275,6 +276,8 @@ def _run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: DistInfo) -
     rollout_device = _rollout_device(cfg, device)
     _seed_everything(rank_seed(cfg.seed, dist.rank))
     timer = PhaseTimer(device, always=("rollout", "prox_logp", "train", "weight_sync", "eval"))
+    # The task first: a bad data file (task.path) fails in a second, not after the model loads.
+    task = build_task(cfg.task, cfg.seed) if dist.is_main else None
     policy, tokenizer = load_policy(cfg.model, device=device, seed=cfg.seed)  # the same weights on every rank
     concurrent = cfg.runtime.name == "async"
     engine = producer = runtime = rollout_policy = None
@@ -282,7 +285,7 @@ def _run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: DistInfo) -
         rollout_policy = policy
         if dist.world > 1 or rollout_device != device:  # loaded where it lives: no transient copy on `device`
             rollout_policy = load_policy(cfg.model, device=rollout_device if cfg.rollout.name == "hf" else "cpu",
-                                         seed=cfg.seed)[0].requires_grad_(False)
+                                         seed=cfg.seed)[0]  # the trainer's requires_grad flags: see HFCopyEngine
         engine = build_engine(cfg.rollout, rollout_policy, tokenizer, rollout_device, concurrent=concurrent,
                               interruptible=bool(cfg.runtime.get("interruptible", False)), precision=cfg.precision)
     trainer = Trainer(policy, algo_cfg=cfg.algo, schedule_cfg=OmegaConf.to_container(cfg.schedule, resolve=True),
@@ -291,7 +294,6 @@ def _run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: DistInfo) -
                       objective_cfg=OmegaConf.to_container(cfg.objective, resolve=True), dist=dist,
                       precision=cfg.precision)
     if dist.is_main:
-        task = build_task(cfg.task, cfg.seed)
         # Rollout in another thread times itself on a timer of its own (see build_runtime).
         producer = RolloutProducer(cfg, task, tokenizer, engine, PhaseTimer(rollout_device) if concurrent else timer)
         runtime = build_runtime(cfg, producer, engine, step_timer=timer)

@@ -123,7 +123,11 @@ class HFCopyEngine(StagedWeightUpdates, HFEngine):
     """
 
     def __init__(self, policy: torch.nn.Module, tokenizer, **kwargs) -> None:
-        private = copy.deepcopy(policy).requires_grad_(False)
+        # Keeps the trainer's requires_grad flags (generation runs under no_grad, so they cost
+        # nothing): torch.matmul picks mm or bmm by them for the prefill's non-contiguous
+        # last-position hidden states, and a copy without them samples behaviour log-probs
+        # that differ from the trainer's module in the last bits.
+        private = copy.deepcopy(policy)
         super().__init__(private, tokenizer, **kwargs)
         self._init_staging()
         self._cancelled = threading.Event()
