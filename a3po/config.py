@@ -185,6 +185,12 @@ def validate_config(cfg: DictConfig) -> None:
     for key in ("eval_every", "checkpoint_every"):
         _require(_is_int(train[key]) and train[key] >= 0, f"train.{key}", train[key], "it must be an integer >= 0 (0 disables)")
     _require(_is_number(train.adv_eps) and train.adv_eps > 0, "train.adv_eps", train.adv_eps, "it must be > 0")
+    _require(_is_number(train.collapse_entropy) and train.collapse_entropy >= 0, "train.collapse_entropy",
+             train.collapse_entropy, "it must be a number >= 0 (nats per token; 0 never flags a collapse)")
+    _require(_is_number(train.collapse_grad_norm) and train.collapse_grad_norm >= 0, "train.collapse_grad_norm",
+             train.collapse_grad_norm, "it must be a number >= 0 (0: a gradient norm of exactly zero)")
+    _require(_is_int(train.collapse_steps) and train.collapse_steps >= 1, "train.collapse_steps", train.collapse_steps,
+             "it must be an integer >= 1 (consecutive steps)")
     for key in ("adv_norm_std", "adv_std_unbiased", "adv_batch_norm", "keep_checkpoint", "save_final_model", "warmup"):
         _require(isinstance(train[key], bool), f"train.{key}", train[key], "it must be true or false")
     from a3po.rundir import ON_CONFIG_CHANGE
