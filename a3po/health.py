@@ -111,10 +111,15 @@ class CollapseRule:
 
     @classmethod
     def from_train_cfg(cls, train: Mapping[str, Any]) -> "CollapseRule":
+        """The rule a run's `train` config asks for; a null (or absent) key is this class's default."""
         defaults = cls()
-        return cls(entropy_below=float(train.get("collapse_entropy", defaults.entropy_below)),
-                   grad_norm_at_most=float(train.get("collapse_grad_norm", defaults.grad_norm_at_most)),
-                   steps=int(train.get("collapse_steps", defaults.steps)))
+
+        def value(key: str, default: float) -> float:
+            return default if train.get(key) is None else train.get(key)
+
+        return cls(entropy_below=float(value("collapse_entropy", defaults.entropy_below)),
+                   grad_norm_at_most=float(value("collapse_grad_norm", defaults.grad_norm_at_most)),
+                   steps=int(value("collapse_steps", defaults.steps)))
 
     def matches(self, entropy: float | None, grad_norm: float | None) -> bool:
         """Both known and finite (a null in the log is not evidence of a collapse), and both low."""

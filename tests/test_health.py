@@ -96,6 +96,19 @@ def test_a_healthy_run_logs_collapsed_zero(tiny_cfg):
     assert not any("health/collapse_step" in r or "health/diverged" in r for r in records)
 
 
+def test_a_run_directory_from_before_the_collapse_keys_is_still_the_same_run(tiny_cfg):
+    import yaml
+
+    cfg = tiny_cfg("train.total_steps=1")
+    run(cfg)
+    path = run_dir_of(cfg) / "config.yaml"
+    old = yaml.safe_load(path.read_text())
+    for key in ("collapse_entropy", "collapse_grad_norm", "collapse_steps"):
+        del old["train"][key]  # as every run directory written before them
+    path.write_text(yaml.safe_dump(old))
+    assert run(tiny_cfg("train.total_steps=1")) == {}  # finished: returns at once, no config conflict
+
+
 @pytest.mark.parametrize("override, key", [
     ("train.collapse_entropy=-1", "train.collapse_entropy=-1"),
     ("train.collapse_grad_norm=abc", "train.collapse_grad_norm='abc'"),
