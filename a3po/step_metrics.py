@@ -39,6 +39,16 @@ REDUCTIONS: dict[str, str] = {
 # corrections' dropped/truncated fractions, the off-policy diagnostics (a3po.diagnostics).
 PREFIX_REDUCTIONS = {"prox_error/": "token_mean", "correction/": "token_mean", "offpolicy/": "token_mean"}
 
+# Run health (a3po.health), set by the training loop once per step rather than reduced from
+# the trainer's micro-batches: whether the policy has collapsed (0/1, every step), the step
+# that collapse began (only while collapsed), and on the one line a diverged run logs for
+# the step it stopped at, `health/diverged` = 1 (that line carries no trainer metric: the
+# step was never completed).
+COLLAPSED = "health/collapsed"
+COLLAPSE_STEP = "health/collapse_step"
+DIVERGED = "health/diverged"
+HEALTH_METRICS = (COLLAPSED, COLLAPSE_STEP, DIVERGED)
+
 
 def reduction_of(name: str) -> str:
     if name in REDUCTIONS:

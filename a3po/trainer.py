@@ -10,6 +10,7 @@ each trains on its shard of every minibatch and the loss stays the 1-process tok
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from typing import Any, Iterator, Mapping
 
@@ -21,7 +22,9 @@ from a3po.device import autocast, autocast_dtype
 from a3po.errors import ConfigError
 from a3po.corrections import apply_correction
 from a3po.diagnostics import offpolicy_metrics
-from a3po.distributed import SINGLE, DistInfo, all_reduce_max, all_reduce_sum, local_value, shard, wrap_fsdp
+from a3po.distributed import (SINGLE, DistInfo, all_reduce_max, all_reduce_min, all_reduce_sum, local_value, shard,
+                              wrap_fsdp)
+from a3po.health import NonFiniteUpdate
 from a3po.loss import grpo_advantages, masked_max, masked_mean, masked_min, token_logprobs, token_logprobs_and_entropy
 from a3po.objectives import MAX_LOG_RATIO, compute_objective, policy_loss
 from a3po.proximal import approximate_prox_logp, approximation_errors, staleness_stats, validate_schedule
@@ -295,7 +298,7 @@ class Trainer:
 
         self.policy.train()
         with self.timer.phase("train"):
-            for plan in plans:
+            for index, plan in enumerate(plans):
                 n_tokens = self.minibatch_tokens(samples, plan)
                 self.optimizer.zero_grad(set_to_none=True)
                 minibatch_loss = torch.zeros((), device=self.device)
@@ -322,7 +325,8 @@ class Trainer:
                         metrics.add(approximation_errors(reference, tokens["behave"], logp.detach(), tokens["versions"],
                                                          version, tokens["mask"], self.error_schedules), n_tokens=logp.numel())
                 grad_norm = local_value(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.grad_clip))
-                check_prox_finite(finite_flags)  # one host sync per minibatch, before the update
+                # one host sync per minibatch, before the update: nothing non-finite reaches the weights
+                self.check_update(finite_flags, minibatch_loss, grad_norm, version, index, len(plans))
                 self.optimizer.step()
                 metrics.add({"actor/grad_norm": grad_norm, "actor/loss": minibatch_loss})
         self.optimizer.zero_grad(set_to_none=True)
@@ -331,6 +335,26 @@ class Trainer:
         all_versions = torch.cat([s.versions for s in samples])
         staleness = {name: float(v) for name, v in staleness_stats(all_versions, version).items()}
         return {**metrics.result(across_ranks=self.dist.world > 1), **staleness}
+
+    def check_update(self, prox_flags: list[torch.Tensor], loss: torch.Tensor, grad_norm: torch.Tensor,
+                     version: int, minibatch: int, n_minibatches: int) -> None:
+        """Before a minibatch's optimizer step: the approximation's finiteness (a ValueError, a
+        bug in the inputs) and the loss's and gradient norm's (`NonFiniteUpdate`: the run has
+        diverged, a3po.health), read in one host transfer. Distributed, the flags are combined
+        over the ranks (one all-reduce), so every rank skips the step and raises together, even
+        when only one rank's share of the loss is non-finite."""
+        prox_ok = torch.stack(prox_flags).all() if prox_flags else torch.ones((), dtype=torch.bool, device=loss.device)
+        flags = torch.stack([prox_ok, torch.isfinite(loss), torch.isfinite(grad_norm.to(loss.device))])
+        if self.dist.world > 1:
+            flags = all_reduce_min(flags.to(torch.float32)) > 0
+        prox_finite, loss_finite, grad_finite = flags.tolist()
+        if not prox_finite:
+            raise ValueError(PROX_NOT_FINITE)
+        if not (loss_finite and grad_finite):
+            loss_value = float(loss)
+            if not loss_finite and math.isfinite(loss_value):
+                loss_value = math.nan  # this rank's share is finite, another rank's is not
+            raise NonFiniteUpdate(version, minibatch, n_minibatches, loss=loss_value, grad_norm=float(grad_norm))
 
     def _recomputed_prox(self, samples: list[Sample], plans) -> dict[int, torch.Tensor]:
         """The recompute forward when the method needs it (timed as `prox_logp`), or when
@@ -399,10 +423,6 @@ class Trainer:
                                      schedule=self.schedule, check_finite=False, **self.schedule_params)
 
 
-def check_prox_finite(finite_flags: list[torch.Tensor]) -> None:
-    """Raise if any flag from `all_finite(prox)` is false: the one host sync of the check."""
-    if finite_flags and not bool(torch.stack(finite_flags).all()):
-        raise ValueError(
-            "approximate_prox_logp result has non-finite value(s) (NaN or Inf); all values must be finite. "
-            "Check behave_logp/target_logp for -inf (a token the policy gives probability 0)."
-        )
+PROX_NOT_FINITE = ("approximate_prox_logp result has non-finite value(s) (NaN or Inf); all values must be finite. "
+                   "Check behave_logp/target_logp for -inf (a token the policy gives probability 0).")
+

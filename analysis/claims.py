@@ -33,6 +33,9 @@ Verdict.
 - With fewer than two seeds on either side there is no interval: "inconclusive (fewer than
   2 seeds)". A metric with no value on either side (not logged, or a run with no step
   >= d): "not judged (...)" naming what is missing.
+- Diverged and collapsed runs (`analysis.outcomes`) are left out of every value and
+  interval; each context says how many it left out, and a side whose every run was left
+  out is "not judged (every ... run diverged or collapsed)".
 
 The rule judges the direction (or the 2% band) only; the size of an effect is shown
 beside the paper's value and left to the reader, because it depends on the model, the
@@ -51,6 +54,7 @@ import pandas as pd
 
 from analysis.identity import DEFAULT_SCHEDULE
 from analysis.markdown import fmt_interval, fmt_pm
+from analysis.outcomes import excluded_of, with_outcomes
 from analysis.scalars import context_of, run_scalars
 from analysis.stats import Interval, difference_ci, mean_ci
 
@@ -243,20 +247,28 @@ def evaluate_claims(df: pd.DataFrame, scalars: pd.DataFrame | None = None) -> pd
     default schedule): one row per (context, claim). `effect_mean/low/high` hold the raw
     effect (log ratio, difference or relative difference) for scripts."""
     scalars = run_scalars(df) if scalars is None else scalars
+    if "flagged" not in scalars.columns:
+        scalars = with_outcomes(scalars, df)
     plain = scalars[scalars["algo"].isin(ALGOS) & scalars["schedule"].isin(["", DEFAULT_SCHEDULE])]
     plain = plain.assign(context=context_of(plain))
     groups = dict(list(plain.groupby(["context", "staleness"], sort=True)))
     records = []
     for key in sorted(groups, key=_context_order):
-        rows = groups[key]
+        every_run = groups[key]
         staleness = key[1]
-        if not {"loglinear", "recompute"} <= set(rows["algo"]):
+        if not {"loglinear", "recompute"} <= set(every_run["algo"]):
             continue
-        title = context_title(rows)
+        rows = every_run[~every_run["flagged"]]  # diverged and collapsed runs are counted, not averaged
+        title, excluded = context_title(every_run), excluded_of(every_run, with_names=True)
+        left_out = [algo for algo in ("loglinear", "recompute") if not (rows["algo"] == algo).any()]
         for claim in CLAIMS:
-            if claim.column == "cpu_time_s" and rows["cpu_time_s"].isna().all():
+            if claim.column == "cpu_time_s" and every_run["cpu_time_s"].isna().all():
                 continue  # old logs: no CPU time, and claim b already covers training time
-            records.append({"context": title, "staleness": staleness, "n_runs": len(rows), **judge(claim, rows)})
+            record = judge(claim, rows)
+            if left_out:
+                record["verdict"] = f"not judged (every {' and '.join(left_out)} run diverged or collapsed)"
+            records.append({"context": title, "staleness": staleness, "n_runs": len(rows), **record,
+                            "excluded": excluded})
     columns = ["context", "staleness", "n_runs", "claim", "title", "paper", *ALGOS, "effect", "verdict", "note",
-               "effect_mean", "effect_low", "effect_high"]
+               "effect_mean", "effect_low", "effect_high", "excluded"]
     return pd.DataFrame(records, columns=columns)

@@ -128,6 +128,9 @@ def claims_markdown(claims: pd.DataFrame) -> str:
         table = [[f"({r.claim}) {r.title}", r.paper, r.coupled, r.recompute, r.loglinear, r.effect,
                   f"**{r.verdict}**", r.note] for r in rows.itertuples(index=False)]
         parts += [f"### {context}", "", markdown_table(headers, table, numeric_from=99), ""]
+        excluded = rows["excluded"].iloc[0] if "excluded" in rows.columns else ""
+        if excluded:  # diverged or collapsed runs (analysis.outcomes): counted, never averaged
+            parts += [f"Excluded from every value above: {excluded}.", ""]
     return "\n".join(parts)
 
 

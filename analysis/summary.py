@@ -3,7 +3,8 @@ figures report, from the run-level scalars of `analysis.scalars`.
 
 Seeds are aggregated per (label, staleness); the label carries every parameter of a run
 (schedule, correction, objective, async), so only runs that differ in nothing but the seed
-are averaged.
+are averaged. Diverged and collapsed runs (`analysis.outcomes`) are counted per row and left
+out of its means.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pandas as pd
 
 from analysis.identity import label_sort_key
 from analysis.markdown import fmt, fmt_interval, fmt_mean_std, markdown_table
+from analysis.outcomes import EXCLUDED_NOTE, excluded_text, with_outcomes
 from analysis.scalars import DIAGNOSTIC_MEANS, STEP_MEANS, context_of, run_scalars
 from analysis.stats import Interval, mean_ci
 
@@ -53,6 +55,9 @@ def _speedup(rows: pd.DataFrame, baseline: pd.DataFrame, column: str) -> Interva
 def _speedups(scalars: pd.DataFrame) -> pd.DataFrame:
     """Speedup over recompute for every (label, staleness), against the recompute runs of the
     same staleness, correction, objective, runtime (and experiment prefix)."""
+    columns = [*GROUP, "speedup_vs_recompute", "speedup_ci_low", "speedup_ci_high", "speedup_cpu_vs_recompute"]
+    if scalars.empty:  # every run was left out (diverged or collapsed)
+        return pd.DataFrame(columns=columns)
     scalars = scalars.assign(context=context_of(scalars))
     records = []
     for (name, staleness), rows in scalars.groupby(GROUP, sort=False):
@@ -63,18 +68,22 @@ def _speedups(scalars: pd.DataFrame) -> pd.DataFrame:
         records.append({"label": name, "staleness": staleness, "speedup_vs_recompute": wall.mean,
                         "speedup_ci_low": wall.low, "speedup_ci_high": wall.high,
                         "speedup_cpu_vs_recompute": cpu.mean})
-    return pd.DataFrame(records)
+    return pd.DataFrame(records, columns=columns)
 
 
 def summary_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (label, staleness): seeds and incomplete runs, training/CPU/wall time, contention,
-    the speedup over recompute (from training-time sums, with its 95% CI over paired seeds),
-    the staleness reached, final rewards (mean ± std over seeds), and the seed means of the
-    steady-state diagnostics (off-policy ones only where some run logged them)."""
-    scalars = run_scalars(df)
-    grouped = scalars.groupby(GROUP, sort=False)
-    aggregations = dict(
+    """Per (label, staleness): seeds and incomplete runs, diverged and collapsed runs (left out
+    of every other column, the speedup baselines included), training/CPU/wall time,
+    contention, the speedup over recompute (from training-time sums, with its 95% CI over
+    paired seeds), the staleness reached, final rewards (mean ± std over seeds), and the seed
+    means of the steady-state diagnostics (off-policy ones only where some run logged them)."""
+    scalars = with_outcomes(run_scalars(df), df)
+    kept = scalars[~scalars["flagged"]]
+    outcomes = scalars.groupby(GROUP, sort=False).agg(
         runtime=("runtime", "first"), steady_from_step=("max_staleness", "first"),
+        n_diverged=("diverged", "sum"), n_collapsed=("collapsed", "sum")).reset_index()
+    grouped = kept.groupby(GROUP, sort=False)
+    aggregations = dict(
         n_seeds=("seed", "nunique"), n_incomplete=("complete", lambda c: int((~c.astype(bool)).sum())),
         train_time_s_mean=("train_time_s", "mean"), train_time_s_std=("train_time_s", "std"),
         cpu_time_s_mean=("cpu_time_s", "mean"), wall_time_s_mean=("wall_time_s", "mean"),
@@ -86,27 +95,38 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
         final_eval_reward_mean=("final_eval_reward", "mean"), final_eval_reward_std=("final_eval_reward", "std"),
     )
     aggregations.update({f"{name}_mean": (name, "mean") for name in STEP_MEANS})
-    aggregations.update({f"{name}_mean": (name, "mean") for name in DIAGNOSTIC_MEANS if scalars[name].notna().any()})
-    table = grouped.agg(**aggregations).reset_index().merge(_speedups(scalars), on=GROUP, how="left")
-    for column in ("n_contended", "n_cpu_missing"):
-        table[column] = table[column].astype(int)
+    aggregations.update({f"{name}_mean": (name, "mean") for name in DIAGNOSTIC_MEANS if kept[name].notna().any()})
+    table = outcomes.merge(grouped.agg(**aggregations).reset_index(), on=GROUP, how="left")
+    table = table.merge(_speedups(kept), on=GROUP, how="left")
+    for column in ("n_seeds", "n_incomplete", "n_diverged", "n_collapsed", "n_contended", "n_cpu_missing"):
+        table[column] = table[column].fillna(0).astype(int)  # 0 where every run of the row was left out
     order = sorted(table.index, key=lambda i: (table.at[i, "staleness"], label_sort_key(table.at[i, "label"])))
     table = table.loc[order].reset_index(drop=True)
-    front = ["label", "staleness", "runtime", "steady_from_step", "n_seeds", "n_incomplete", "train_time_s_mean",
+    front = ["label", "staleness", "runtime", "steady_from_step", "n_seeds", "n_incomplete", "n_diverged",
+             "n_collapsed", "train_time_s_mean",
              "train_time_s_std", "cpu_time_s_mean", "wall_time_s_mean", "wall_cpu_ratio_mean", "n_contended",
              "n_cpu_missing", "speedup_vs_recompute", "speedup_ci_low", "speedup_ci_high", "speedup_cpu_vs_recompute"]
     return table[front + [c for c in table.columns if c not in front]]
+
+
+def _flagged(table: pd.DataFrame) -> bool:
+    """Whether any row left a diverged or collapsed run out (older tables have no such column)."""
+    return bool({"n_diverged", "n_collapsed"} <= set(table.columns)
+                and (table["n_diverged"].sum() + table["n_collapsed"].sum()) > 0)
 
 
 def _time_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     headers = ["algo", "d", "seeds", "incomplete", "training time (s)", "CPU time (s)", "wall at last step (s)",
                "wall/CPU", "contended", "speedup vs recompute", "staleness reached (mean/max)", "final reward",
                "final eval reward"]
+    flagged = _flagged(table)
+    if flagged:
+        headers.insert(3, "excluded")
     rows = []
     for r in table.itertuples(index=False):
         speedup = Interval(r.speedup_vs_recompute, r.speedup_ci_low, r.speedup_ci_high,
                            2 if np.isfinite(r.speedup_ci_low) else 1)
-        cpu = "missing" if r.n_cpu_missing == r.n_seeds else fmt(r.cpu_time_s_mean)
+        cpu = "missing" if r.n_seeds and r.n_cpu_missing == r.n_seeds else fmt(r.cpu_time_s_mean)
         rows.append([r.label, fmt(r.staleness), fmt(r.n_seeds), fmt(r.n_incomplete),
                      fmt_mean_std(r.train_time_s_mean, r.train_time_s_std), cpu, fmt(r.wall_time_s_mean),
                      fmt(r.wall_cpu_ratio_mean, 3), f"{r.n_contended}/{r.n_seeds}",
@@ -114,6 +134,8 @@ def _time_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
                      f"{fmt(r.staleness_reached_mean, 3)} / {fmt(r.staleness_reached_max, 3)}",
                      fmt_mean_std(r.final_reward_mean, r.final_reward_std),
                      fmt_mean_std(r.final_eval_reward_mean, r.final_eval_reward_std)])
+        if flagged:
+            rows[-1].insert(3, excluded_text(r.n_diverged, r.n_collapsed))
     return headers, rows
 
 
@@ -166,7 +188,8 @@ STEADY_NOTE = (
 def summary_markdown(table: pd.DataFrame) -> str:
     """This sweep's tables (time and reward; steady-state diagnostics; off-policy
     diagnostics where logged), then the paper's numbers for the same quantities."""
-    parts = ["## This sweep", "", markdown_table(*_time_rows(table)), "", TIME_NOTE, "",
+    time_note = TIME_NOTE + (" " + EXCLUDED_NOTE if _flagged(table) else "")
+    parts = ["## This sweep", "", markdown_table(*_time_rows(table)), "", time_note, "",
              "### Steady-state diagnostics (steps >= D)", "", markdown_table(*_steady_rows(table)), "",
              STEADY_NOTE, ""]
     headers, rows = _diagnostic_rows(table)

@@ -14,12 +14,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import a3po.config  # noqa: E402,F401  (registers the run-name resolver used by conf/config.yaml)
 from a3po.errors import ConfigError  # noqa: E402
+from a3po.health import EXIT_CONFIG_ERROR, EXIT_DIVERGED, RunDiverged  # noqa: E402
 from a3po.train import run  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    """Exit status: 0 done (or stopped by a signal, to be resumed), 1 a crash, 2 a config error,
+    3 the run diverged (a single run; in a sweep the job returns and the others go on)."""
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     try:
         # The run directory is Hydra's output directory for this job: hydra.run.dir, or
@@ -28,7 +32,14 @@ def main(cfg: DictConfig) -> None:
     except ConfigError as err:
         # A config mistake is the user's to fix: say what, not where in our code.
         print(f"config error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(EXIT_CONFIG_ERROR) from None
+    except RunDiverged as err:
+        # An outcome, recorded in the run directory (diverged.json), not a crash. A sweep's jobs
+        # run one after another in this process (or as SLURM jobs): exiting would drop the rest,
+        # so a job returns and the analysis counts and excludes the run; one run says it in its status.
+        print(f"diverged: {err}", file=sys.stderr)
+        if HydraConfig.get().mode != RunMode.MULTIRUN:
+            raise SystemExit(EXIT_DIVERGED) from None
 
 
 if __name__ == "__main__":
