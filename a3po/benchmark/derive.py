@@ -116,7 +116,8 @@ def measured_peak(report: dict) -> dict[str, Any] | None:
         return None
     flops = entry["info"]["flops"]
     return {"dtype": entry["info"]["dtype"], "shape": entry["info"]["shape"],
-            "flops_per_s": flops / entry["seconds"]["median"], "flops_per_s_best": flops / entry["seconds"]["min"]}
+            "flops_per_s": flops / entry["seconds"]["median"], "flops_per_s_best": flops / entry["seconds"]["min"],
+            "flops_per_cpu_s": flops / entry["cpu_seconds"]["median"]}
 
 
 def throughput(report: dict, peak: float | None) -> dict[str, dict[str, float]]:
@@ -127,10 +128,12 @@ def throughput(report: dict, peak: float | None) -> dict[str, dict[str, float]]:
     forward = forward_flops(report["model"], report["batch"])
     probe = measured_peak(report)
 
-    def row(flops: float, seconds: float) -> dict[str, float]:
+    def row(flops: float, seconds: float, cpu_seconds: float | None = None) -> dict[str, float]:
         result = {"tokens_per_s": tokens / seconds, "model_flops": flops, "flops_per_s": flops / seconds}
         if probe:
             result["mfu_measured_peak"] = flops / seconds / probe["flops_per_s"]
+            if cpu_seconds:  # per CPU second, against the probe's: what survives a shared machine
+                result["mfu_measured_peak_cpu"] = flops / cpu_seconds / probe["flops_per_cpu_s"]
         if peak:
             result["mfu"] = flops / seconds / peak
         return result
@@ -138,13 +141,14 @@ def throughput(report: dict, peak: float | None) -> dict[str, dict[str, float]]:
     for name, entry in report["results"].items():
         if entry["kind"] == "step":
             recomputes = name.split("@")[0] == "step/recompute"
-            out[name] = row(3 * forward + (forward if recomputes else 0.0), entry["seconds"]["median"])
+            out[name] = row(3 * forward + (forward if recomputes else 0.0), entry["seconds"]["median"],
+                            entry["cpu_seconds"]["median"])
             train_s = entry.get("train", {}).get("median") if isinstance(entry.get("train"), dict) else None
             if train_s:  # the train phase alone: forward + backward of every micro-batch, and AdamW
                 out[f"{name}/train_phase"] = row(3 * forward, train_s)
     prox_recompute = median(report, "prox/recompute")
     if prox_recompute:
-        out["prox/recompute"] = row(forward, prox_recompute)
+        out["prox/recompute"] = row(forward, prox_recompute, median(report, "prox/recompute", "cpu_seconds"))
     return out
 
 

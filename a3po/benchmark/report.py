@@ -98,6 +98,7 @@ def _rate_lines(report: dict) -> list[str]:
                      f"{probe['flops_per_s'] / 1e9:.1f} GFLOP/s median, {probe['flops_per_s_best'] / 1e9:.1f} best{nominal}")
     for name, row in d.get("throughput", {}).items():
         mfu = f", MFU {row['mfu_measured_peak']:.1%} of the measured peak" if "mfu_measured_peak" in row else ""
+        mfu += f" ({row['mfu_measured_peak_cpu']:.1%} per CPU second)" if "mfu_measured_peak_cpu" in row else ""
         mfu += f", {row['mfu']:.1%} of nominal" if "mfu" in row else ""
         lines.append(f"- {name}: {row['tokens_per_s']:.0f} tokens/s, {row['flops_per_s'] / 1e9:.1f} GFLOP/s{mfu}")
     if "rollout_tokens_per_s" in d:
