@@ -52,6 +52,9 @@ RESULT_NEUTRAL_KEYS = (
     "train.keep_checkpoint",
     "train.save_final_model",
     "train.warmup",
+    "train.collapse_entropy",  # the collapse rule flags runs; it changes no number a run computes
+    "train.collapse_grad_norm",
+    "train.collapse_steps",
     "runtime.shutdown_timeout_s",
 )
 EXTENSIBLE_KEY = "train.total_steps"
@@ -118,7 +121,7 @@ def _conflict_message(run_dir: Path, diffs: list[tuple[str, Any, Any]]) -> str:
 
 def clear_run(run_dir: Path) -> None:
     """Delete what a run wrote (not the directory itself: Hydra keeps its .hydra/ there)."""
-    for name in ("metrics.jsonl", FINISHED_MARKER, "config.yaml"):
+    for name in ("metrics.jsonl", FINISHED_MARKER, "config.yaml", "diverged.json"):
         (run_dir / name).unlink(missing_ok=True)
     for name in ("checkpoints", "wandb", "final_model"):
         shutil.rmtree(run_dir / name, ignore_errors=True)
