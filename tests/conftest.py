@@ -16,6 +16,9 @@ CONF_DIR = REPO / "conf"
 # Small enough for a 2-core CPU: a step of the tiny model takes well under a second.
 TINY_OVERRIDES = [
     "model=tiny",
+    # fp32 whatever the CPU: tests compare log-probs to float32 precision and runs bit for bit;
+    # `auto` would be bf16 on a CPU with AVX512-BF16. tests/test_precision.py covers the rule.
+    "precision=fp32",
     "logger=none",
     "train.total_steps=3",
     "train.n_prompts=2",

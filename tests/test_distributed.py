@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 # the per-micro-batch metrics (offpolicy/ess_*) are comparable. log_prox_errors adds the
 # recompute forward (no-grad idle passes) and the prox_error/* metrics. At lr 1e-4 the 6
 # AdamW updates move weights by up to 6e-4, far above the tolerance.
-RUN_OVERRIDES = ["train.n_prompts=3", "train.n_samples=3", "train.n_minibatches=2", "train.token_budget=64",
+RUN_OVERRIDES = ["precision=fp32", "train.n_prompts=3", "train.n_samples=3", "train.n_minibatches=2", "train.token_budget=64",
                  "train.lr=1e-4", "train.log_prox_errors=true", "train.save_final_model=true", "staleness=2",
                  "device=cpu"]
 # Measured: max |weight difference| 4.2e-8, metrics within 1.1e-6 (actor/importance_weight/max ~ 1):

@@ -235,7 +235,7 @@ def test_the_error_names_step_minibatch_and_both_values():
 # ---------------------------------------------------------------------- the command line
 def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     """experiments/train.py in a subprocess, with the loss poisoned at step 1 for seed 0."""
-    return subprocess.run([sys.executable, __file__, "--poisoned-cli", *args, "model=tiny", "logger=none",
+    return subprocess.run([sys.executable, __file__, "--poisoned-cli", *args, "model=tiny", "precision=fp32", "logger=none",
                            "train.n_prompts=2", "train.n_samples=2", "train.token_budget=256",
                            "rollout.max_new_tokens=8", *DIVERGE_OVERRIDES, "train.total_steps=2",
                            "train.warmup=false", f"output_root={tmp_path}"],

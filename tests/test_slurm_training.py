@@ -45,7 +45,7 @@ def test_preempted_training_job_resumes_without_gap_or_change(local_slurm: Local
     args = [
         "experiments/train.py", "-m", "hydra/launcher=slurm_local",
         "experiment_name=slurm_a,slurm_b", "algo=loglinear", "staleness=2",
-        "model=tiny", "logger=none", f"output_root={out}",
+        "model=tiny", "precision=fp32", "logger=none", f"output_root={out}",
         f"train.total_steps={TOTAL_STEPS}", "train.n_prompts=2", "train.n_samples=2",
         "train.n_minibatches=2", "train.token_budget=256", "rollout.max_new_tokens=8",
         "train.eval_every=4", "train.eval_size=2", "train.checkpoint_every=0",
