@@ -24,6 +24,7 @@ from typing import Any
 
 import pandas as pd
 
+from a3po.rundir import LEGACY_VALUES
 from analysis.claims import evaluate_claims
 from analysis.claims import __doc__ as CLAIMS_DOC
 from analysis.figures import make_figures
@@ -45,12 +46,15 @@ PROVENANCE_KEYS = [
     ("max new tokens", "rollout.max_new_tokens"), ("rollout engine", "rollout.name"),
     ("minibatches per step", "train.n_minibatches"),
     ("token budget", "train.token_budget"), ("total steps", "train.total_steps"), ("device", "device"),
+    ("precision", "precision"),
 ]
 
 
 def _values(configs: Mapping[Any, Mapping[str, Any]], dotted: str) -> str:
     """The distinct values of a setting across runs, with how many runs have each."""
-    counts = Counter(str(lookup(config, dotted, "(unset)")) for config in configs.values())
+    # a key older runs lack counts as the value they used (a3po.rundir.LEGACY_VALUES: fp32)
+    default = LEGACY_VALUES.get(dotted, "(unset)")
+    counts = Counter(str(lookup(config, dotted, default)) for config in configs.values())
     if len(counts) == 1:
         return next(iter(counts))
     return ", ".join(f"{value} ({n} runs)" for value, n in sorted(counts.items()))

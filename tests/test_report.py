@@ -187,6 +187,7 @@ def test_report_file(claims_sweep, tmp_path, capsys):
         assert f"](results/{name})" in text
     assert (figures_dir / "fig1_prox_time.png").read_bytes()[:4] == b"\x89PNG"
     assert "- runs: 9 (0 incomplete" in text and "- skipped run directories: none" in text
+    assert "- precision: fp32" in text  # recorded by the runs, or fp32 for runs from before the key
     assert "staleness levels: 2; seeds: 0, 1, 2" in text
     assert "- prompts per step: 8" in text and "- max new tokens: 24" in text and "- model: smollm2_135m" in text
     assert "contention (wall/CPU > 1.25, under 0.8 of a core): 0 of 9 runs" in text
