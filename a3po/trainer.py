@@ -223,7 +223,7 @@ class Trainer:
                         behave_logp=torch.zeros(n_response), versions=torch.zeros(n_response, dtype=torch.long))
         was_training = self.policy.training
         self.policy.train()
-        logp, entropy = self.response_logp([sample])
+        logp, _ = self.response_logp([sample])  # with the entropy, as a training forward
         (logp.sum() * 0.0).backward()
         self.optimizer.zero_grad(set_to_none=True)
         self.policy.train(was_training)
