@@ -4,7 +4,7 @@ The precision rule (docs/design.md, "Precision"): `bf16` is autocast to bfloat16
 master weights, optimizer state and log-softmax; `fp32` is exact float32. `auto` picks bf16
 where the hardware runs it natively (a GPU with bf16 support; a CPU with AVX512-BF16 or AMX,
 which torch's oneDNN kernels use) and fp32 elsewhere: on a CPU without them oneDNN emulates
-bf16 and a matmul runs 3-4x slower than float32 (docs/benchmarks.md, "Precision").
+bf16, slower than float32 (measured in docs/benchmarks.md, "Precision").
 The trainer's forwards, the recompute forward, the HF engine's sampling, vLLM's dtype and the
 benchmark all follow the resolved value, so behaviour and current log-probs are computed alike.
 """
@@ -82,8 +82,8 @@ def resolve_precision(name: str, device: torch.device, weights_dtype: str = "flo
         if device.type == "cuda":
             raise ConfigError(f"{key}='bf16' is not allowed on this machine: {torch.cuda.get_device_name(device)} "
                               "has no bf16 support; allowed: fp32 or auto")
-        log.warning("%s=bf16 on a CPU without AVX512-BF16 or AMX: oneDNN emulates bf16, 3-4x slower than "
-                    "fp32 here (docs/benchmarks.md); %s=auto picks fp32 on this machine", key, key)
+        log.warning("%s=bf16 on a CPU without AVX512-BF16 or AMX: oneDNN emulates bf16, slower than "
+                    "fp32 here (docs/benchmarks.md, \"Precision\"); %s=auto picks fp32 on this machine", key, key)
     return name
 
 
