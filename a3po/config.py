@@ -11,10 +11,10 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from a3po.algos import ALGOS, get_algo
+from a3po.maths.algos import ALGOS, get_algo
 from a3po.device import DEVICES, PRECISIONS, RESOLVED_PRECISIONS, resolve_device, resolve_precision
 from a3po.errors import ConfigError
-from a3po.proximal import SCHEDULES, validate_schedule
+from a3po.maths.proximal import SCHEDULES, validate_schedule
 
 RUNTIMES = ("lagged", "async")
 LOGGER_MODES = ("offline", "online", "disabled")
@@ -47,7 +47,7 @@ def run_name(algo: str, schedule: Mapping[str, Any] | str, staleness: int, seed:
              correction: Mapping[str, Any] | str | None = None, objective: Mapping[str, Any] | str | None = None,
              precision: str = "fp32") -> str:
     """`<algo>[-<schedule>][-<correction>][-<objective>][-<precision>]-d<staleness>-s<seed>`.
-    The schedule appears only where the algo uses one (a3po.algos) and it is not the paper's
+    The schedule appears only where the algo uses one (a3po.maths.algos) and it is not the paper's
     `inverse`; the correction unless `none`, the objective unless `ppo`, the (resolved)
     precision unless `fp32`. No timestamp: a requeued job finds it again. An unknown algo is
     named as given (validation reports it)."""
@@ -106,8 +106,8 @@ def _is_number(value: Any) -> bool:
 def _validate_loss_axes(cfg: DictConfig) -> None:
     """The correction and objective groups: known names, valid parameters, and a combination
     with the proximal method that has a meaning."""
-    from a3po.corrections import CORRECTIONS, check_correction
-    from a3po.objectives import OBJECTIVES, check_combination, check_clip
+    from a3po.maths.corrections import CORRECTIONS, check_correction
+    from a3po.maths.objectives import OBJECTIVES, check_combination, check_clip
 
     correction = OmegaConf.to_container(cfg.correction, resolve=True)
     objective = OmegaConf.to_container(cfg.objective, resolve=True)
@@ -129,7 +129,7 @@ def _validate_loss_axes(cfg: DictConfig) -> None:
 
 
 def validate_world(cfg: DictConfig, world: int) -> None:
-    """Every rank of a distributed run (a3po.distributed) needs at least one sample of every
+    """Every rank of a distributed run (a3po.run.distributed) needs at least one sample of every
     minibatch: the smallest of the step's n_minibatches parts must hold `world` samples. And
     vLLM cannot be rank 0's rollout engine yet: its in-process engine finds torch.distributed
     initialised by torchrun and builds its groups over every trainer rank, which never join
@@ -205,7 +205,7 @@ def validate_config(cfg: DictConfig) -> None:
              collapse_steps, "it must be an integer >= 1 (consecutive steps), or null for 3")
     for key in ("adv_norm_std", "adv_std_unbiased", "adv_batch_norm", "keep_checkpoint", "save_final_model", "warmup"):
         _require(isinstance(train[key], bool), f"train.{key}", train[key], "it must be true or false")
-    from a3po.rundir import ON_CONFIG_CHANGE
+    from a3po.run.rundir import ON_CONFIG_CHANGE
 
     _require(cfg.on_config_change in ON_CONFIG_CHANGE, "on_config_change", cfg.on_config_change,
              f"allowed: {list(ON_CONFIG_CHANGE)}")

@@ -24,7 +24,7 @@ import torch
 
 from a3po.cfg_access import cfg_get
 from a3po.errors import ConfigError
-from a3po.rng import seeded
+from a3po.run.seeds import seeded
 
 MODEL_SOURCES = ("smollm2_gguf", "hub", "tiny")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

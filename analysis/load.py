@@ -24,8 +24,8 @@ import yaml
 
 # One reader for metrics.jsonl (the trainer's); a run or line that cannot be used is skipped
 # with a RunSkippedWarning naming it.
-from a3po.metrics_log import SkippedMetricsWarning as RunSkippedWarning
-from a3po.metrics_log import read_metrics
+from a3po.run.metrics_log import SkippedMetricsWarning as RunSkippedWarning
+from a3po.run.metrics_log import read_metrics
 
 from analysis.identity import (  # noqa: F401  (re-exported: the loader's public names)
     DEFAULT_SCHEDULE,

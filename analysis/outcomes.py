@@ -1,4 +1,4 @@
-"""Runs that did not simply learn, as the trainer flags them (a3po.health): diverged (a
+"""Runs that did not simply learn, as the trainer flags them (a3po.run.health): diverged (a
 non-finite loss or gradient stopped the run; the step it stopped at logs `health/diverged`
 = 1, and the run directory holds diverged.json) and collapsed (entropy ~0 with a zero
 gradient for `train.collapse_steps` steps in a row: `health/collapsed` = 1 on some step).

@@ -24,7 +24,7 @@ from typing import Any
 
 import pandas as pd
 
-from a3po.rundir import LEGACY_VALUES
+from a3po.run.rundir import LEGACY_VALUES
 from analysis.claims import evaluate_claims
 from analysis.claims import __doc__ as CLAIMS_DOC
 from analysis.figures import make_figures
@@ -52,7 +52,7 @@ PROVENANCE_KEYS = [
 
 def _values(configs: Mapping[Any, Mapping[str, Any]], dotted: str) -> str:
     """The distinct values of a setting across runs, with how many runs have each."""
-    # a key older runs lack counts as the value they used (a3po.rundir.LEGACY_VALUES: fp32)
+    # a key older runs lack counts as the value they used (a3po.run.rundir.LEGACY_VALUES: fp32)
     default = LEGACY_VALUES.get(dotted, "(unset)")
     counts = Counter(str(lookup(config, dotted, default)) for config in configs.values())
     if len(counts) == 1:

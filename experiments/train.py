@@ -1,4 +1,4 @@
-"""Train one run, or a sweep with -m. All logic lives in a3po.train.run.
+"""Train one run, or a sweep with -m. All logic lives in a3po.run.main.run.
 
     python experiments/train.py algo=loglinear staleness=4
     python experiments/train.py -m experiment=staleness_sweep
@@ -14,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import a3po.config  # noqa: E402,F401  (registers the run-name resolver used by conf/config.yaml)
 from a3po.errors import ConfigError  # noqa: E402
-from a3po.health import EXIT_CONFIG_ERROR, EXIT_DIVERGED, RunDiverged  # noqa: E402
-from a3po.train import run  # noqa: E402
+from a3po.run.health import EXIT_CONFIG_ERROR, EXIT_DIVERGED, RunDiverged  # noqa: E402
+from a3po.run.main import run  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

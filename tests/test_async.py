@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 
-from a3po.async_runtime import AsyncRuntime, StalenessManager
+from a3po.runtimes.asynchronous import AsyncRuntime, StalenessManager
 from a3po.rollout.hf import HFCopyEngine
 from a3po.rollout import GenerationCancelled
 from a3po.batch import RolloutBatch, Sample
@@ -211,8 +211,8 @@ ASYNC = ["runtime=async", "train.total_steps=5", "train.eval_every=2"]
 
 @pytest.mark.parametrize("eta", [0, 2])
 def test_async_run_never_exceeds_eta_and_leaves_no_thread(tiny_cfg, eta):
-    from a3po.metrics_log import read_metrics
-    from a3po.train import run, run_dir_of
+    from a3po.run.metrics_log import read_metrics
+    from a3po.run.main import run, run_dir_of
 
     cfg = tiny_cfg(*ASYNC, f"staleness={eta}")
     assert cfg.runtime.max_staleness == eta
@@ -246,8 +246,8 @@ def test_async_at_staleness_zero_equals_lagged_at_staleness_zero(tiny_cfg):
     trainer's requires_grad flags, so its behaviour log-probs are the trainer's module's
     (`test_copy_engine_samples_the_trainers_log_probs_bit_for_bit`).
     """
-    from a3po.metrics_log import read_metrics
-    from a3po.train import run, run_dir_of
+    from a3po.run.metrics_log import read_metrics
+    from a3po.run.main import run, run_dir_of
 
     common = ("staleness=0", "train.total_steps=4", "train.eval_every=2")
     lagged = tiny_cfg("runtime=lagged", "experiment_name=lagged", *common)
@@ -292,8 +292,8 @@ def test_copy_engine_samples_the_trainers_log_probs_bit_for_bit():
 
 
 def test_async_run_resumes_from_its_checkpoint(tiny_cfg):
-    from a3po.metrics_log import read_metrics
-    from a3po.train import run, run_dir_of
+    from a3po.run.metrics_log import read_metrics
+    from a3po.run.main import run, run_dir_of
 
     cfg = tiny_cfg(*ASYNC, "train.max_steps_this_run=2", "train.checkpoint_every=1")
     run(cfg)
@@ -303,8 +303,8 @@ def test_async_run_resumes_from_its_checkpoint(tiny_cfg):
 
 
 def test_an_exception_in_the_trainer_stops_rollout(tiny_cfg, monkeypatch):
-    from a3po.train import run
-    from a3po.trainer import Trainer
+    from a3po.run.main import run
+    from a3po.learner.trainer import Trainer
 
     real_step = Trainer.step
     calls = {"n": 0}
@@ -326,9 +326,9 @@ def test_an_exception_in_the_trainer_stops_rollout(tiny_cfg, monkeypatch):
 def test_sigterm_checkpoints_and_exits_cleanly(tiny_cfg, tmp_path):
     from omegaconf import OmegaConf
 
-    from a3po.checkpoint import load_checkpoint
-    from a3po.metrics_log import read_metrics
-    from a3po.train import run_dir_of
+    from a3po.run.checkpoint import load_checkpoint
+    from a3po.run.metrics_log import read_metrics
+    from a3po.run.main import run_dir_of
 
     cfg = tiny_cfg("runtime=async", "train.total_steps=400", "train.eval_every=0", "train.checkpoint_every=0",
                    "staleness=2")
@@ -336,7 +336,7 @@ def test_sigterm_checkpoints_and_exits_cleanly(tiny_cfg, tmp_path):
     OmegaConf.save(cfg, config_path, resolve=True)
     script = textwrap.dedent(f"""
         from omegaconf import OmegaConf
-        from a3po.train import run
+        from a3po.run.main import run
         run(OmegaConf.load({str(config_path)!r}))
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -364,7 +364,7 @@ def test_sigterm_checkpoints_and_exits_cleanly(tiny_cfg, tmp_path):
 
 
 def test_staleness_split_in_flight_vs_queued():
-    from a3po.async_runtime import staleness_split
+    from a3po.runtimes.asynchronous import staleness_split
 
     def sample(versions):
         n = len(versions)

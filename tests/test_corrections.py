@@ -1,4 +1,4 @@
-"""Off-policy corrections of the behaviour weight w = pi_prox/pi_behave (a3po/corrections.py)."""
+"""Off-policy corrections of the behaviour weight w = pi_prox/pi_behave (a3po/maths/corrections.py)."""
 
 import math
 
@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from a3po.corrections import CORRECTION_PARAMS, CORRECTIONS, apply_correction, sequence_mean
-from a3po.objectives import policy_loss, ppo
+from a3po.maths.corrections import CORRECTION_PARAMS, CORRECTIONS, apply_correction, sequence_mean
+from a3po.maths.objectives import policy_loss, ppo
 
 LN = math.log
 
@@ -275,7 +275,7 @@ def test_huge_log_weight_is_dropped_with_weight_exactly_zero_and_finite_loss(nam
 
 
 def test_parameters_are_checked_without_running_the_correction():
-    from a3po.corrections import check_correction
+    from a3po.maths.corrections import check_correction
 
     assert check_correction("icepop", {"name": "icepop", "lo": 0.5, "hi": 2.0}) == {"lo": 0.5, "hi": 2.0}
     assert check_correction("none", {"cap": None}) == {"cap": None}

@@ -83,9 +83,9 @@ def test_hf_engine_samples_as_the_trainer_computes_on_gpu():
     from a3po.models import load_policy
     from a3po.rollout import build_engine
     from a3po.tasks import build_task
-    from a3po.timer import PhaseTimer
-    from a3po.train import RolloutProducer
-    from a3po.trainer import Trainer
+    from a3po.run.timer import PhaseTimer
+    from a3po.run.main import RolloutProducer
+    from a3po.learner.trainer import Trainer
 
     device = torch.device("cuda")
     cfg = compose_config([*TINY_OVERRIDES, "device=cuda", "rollout.max_new_tokens=12"])

@@ -1,4 +1,4 @@
-"""Off-policy diagnostics: ESS, chi^2 and KL estimators (a3po/diagnostics.py)."""
+"""Off-policy diagnostics: ESS, chi^2 and KL estimators (a3po/maths/diagnostics.py)."""
 
 import math
 
@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from a3po.diagnostics import ess, offpolicy_metrics
+from a3po.maths.diagnostics import ess, offpolicy_metrics
 
 LN = math.log
 KEYS = {"offpolicy/ess_token", "offpolicy/ess_seq", "offpolicy/chi2_token", "offpolicy/kl_k1", "offpolicy/kl_k3"}

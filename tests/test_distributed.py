@@ -1,4 +1,4 @@
-"""Data-parallel training (a3po.distributed) on CPU with gloo: 2 processes under torchrun train
+"""Data-parallel training (a3po.run.distributed) on CPU with gloo: 2 processes under torchrun train
 the tiny model to the same weights and log the same metrics as 1 process; a 2-process run
 stopped after a step resumes to the same result; a world size too large for the minibatch
 fails at start.
@@ -155,7 +155,7 @@ def test_a_world_larger_than_a_minibatch_fails_at_start(tmp_path):
 
 def test_a_multi_task_submitit_job_is_a_distributed_run(monkeypatch):
     """hydra.launcher.tasks_per_node=N: each SLURM task becomes a rank (slurm/README.md)."""
-    from a3po.distributed import launched_world
+    from a3po.run.distributed import launched_world
 
     # submitit's export writes os.environ directly (not through monkeypatch): restore it all,
     # or a later test in this process would think it is rank 3 of 7
@@ -195,13 +195,13 @@ def _worker(run_dir: str, overrides: list[str]) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from conftest import TINY_OVERRIDES, compose_config
 
-    import a3po.train
+    import a3po.run.main
     from a3po.errors import ConfigError
 
-    a3po.train.RolloutProducer.score = _even_token_share
+    a3po.run.main.RolloutProducer.score = _even_token_share
     cfg = compose_config([*TINY_OVERRIDES, *overrides])
     try:
-        a3po.train.run(cfg, run_dir=run_dir)
+        a3po.run.main.run(cfg, run_dir=run_dir)
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         raise SystemExit(2) from None

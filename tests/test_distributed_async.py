@@ -96,11 +96,11 @@ def _nan_on_rank_worker(run_dir: str, overrides: list[str]) -> None:
     from conftest import TINY_OVERRIDES, compose_config
     from test_distributed import _even_token_share
 
-    import a3po.train
-    from a3po.health import EXIT_DIVERGED, RunDiverged
-    from a3po.trainer import Trainer
+    import a3po.run.main
+    from a3po.run.health import EXIT_DIVERGED, RunDiverged
+    from a3po.learner.trainer import Trainer
 
-    a3po.train.RolloutProducer.score = _even_token_share
+    a3po.run.main.RolloutProducer.score = _even_token_share
     nan_rank = int(os.environ["A3PO_TEST_NAN_RANK"])
     original_step, original_loss = Trainer.step, Trainer.loss
 
@@ -114,7 +114,7 @@ def _nan_on_rank_worker(run_dir: str, overrides: list[str]) -> None:
 
     Trainer.step, Trainer.loss = step, loss
     try:
-        a3po.train.run(compose_config([*TINY_OVERRIDES, *overrides]), run_dir=run_dir)
+        a3po.run.main.run(compose_config([*TINY_OVERRIDES, *overrides]), run_dir=run_dir)
     except RunDiverged as err:
         print(f"diverged: {err}", file=sys.stderr)
         raise SystemExit(EXIT_DIVERGED) from None

@@ -10,8 +10,8 @@ import itertools
 import pytest
 from omegaconf import OmegaConf
 
-from a3po.metrics_log import read_metrics
-from a3po.train import run, run_dir_of
+from a3po.run.metrics_log import read_metrics
+from a3po.run.main import run, run_dir_of
 
 from conftest import CONF_DIR, REPO, TINY_OVERRIDES, compose_config
 

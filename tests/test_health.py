@@ -1,4 +1,4 @@
-"""Divergence stops a run, collapse flags it (a3po.health).
+"""Divergence stops a run, collapse flags it (a3po.run.health).
 
 Divergence is injected into the real training loop on the tiny model: from the second
 minibatch of step 1 on, either the loss is NaN (a NaN constant added to it: the gradient
@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from a3po.checkpoint import load_checkpoint
+from a3po.run.checkpoint import load_checkpoint
 from a3po.errors import ConfigError
-from a3po.health import (DIVERGED_MARKER, EXIT_DIVERGED, CollapseRule, CollapseWatch, NonFiniteUpdate, RunDiverged,
+from a3po.run.health import (DIVERGED_MARKER, EXIT_DIVERGED, CollapseRule, CollapseWatch, NonFiniteUpdate, RunDiverged,
                          collapse_flags, read_divergence)
-from a3po.metrics_log import read_metrics
-from a3po.train import run, run_dir_of
+from a3po.run.metrics_log import read_metrics
+from a3po.run.main import run, run_dir_of
 
 from conftest import REPO
 
@@ -124,7 +124,7 @@ def test_bad_collapse_settings_fail_at_start(tiny_cfg, override, key):
 def poison(monkeypatch, kind: str, at_step: int = 1) -> dict:
     """From the second minibatch of `at_step` on, a NaN loss (`kind="loss"`) or an inf gradient
     (`kind="grad"`). Returns what it saw: the weights when that step began, and the trainer."""
-    from a3po.trainer import Trainer
+    from a3po.learner.trainer import Trainer
 
     seen: dict = {}
     original_step, original_loss = Trainer.step, Trainer.loss
@@ -207,7 +207,7 @@ def test_a_diverged_run_reports_it_again_at_once_and_a_restart_clears_it(tiny_cf
     monkeypatch.undo()
     lines = (run_dir_of(cfg) / "metrics.jsonl").read_text()
 
-    from a3po.trainer import Trainer
+    from a3po.learner.trainer import Trainer
 
     def must_not_train(*args, **kwargs):
         raise AssertionError("a diverged run was trained again")
@@ -260,9 +260,9 @@ def test_cli_exit_status_3_for_a_diverged_run_and_a_sweep_goes_on(tmp_path):
 
 def _poisoned_cli(argv: list[str]) -> None:
     """Run experiments/train.py with the loss NaN from the second minibatch of step 1 of seed 0."""
-    import a3po.train
+    import a3po.run.main
 
-    original = a3po.train._train_step
+    original = a3po.run.main._train_step
 
     def train_step(cfg, step, timer, sync, trainer, *args, **kwargs):
         if cfg.seed == 0 and step == 1:
@@ -277,7 +277,7 @@ def _poisoned_cli(argv: list[str]) -> None:
             trainer.loss = nan_loss
         return original(cfg, step, timer, sync, trainer, *args, **kwargs)
 
-    a3po.train._train_step = train_step
+    a3po.run.main._train_step = train_step
     sys.argv = [str(REPO / "experiments" / "train.py"), *argv]
     runpy.run_path(str(REPO / "experiments" / "train.py"), run_name="__main__")
 

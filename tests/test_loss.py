@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from a3po.loss import grpo_advantages, ppo_actor_loss, token_logprobs, token_logprobs_and_entropy
-import a3po.loss as loss_module
+from a3po.maths.loss import grpo_advantages, ppo_actor_loss, token_logprobs, token_logprobs_and_entropy
+import a3po.maths.loss as loss_module
 
 
 def test_hand_computed_2x3():

@@ -10,8 +10,8 @@ import pytest
 import a3po.models
 from a3po.config import run_name
 from a3po.errors import ConfigError
-from a3po.metrics_log import read_metrics
-from a3po.train import run, run_dir_of
+from a3po.run.metrics_log import read_metrics
+from a3po.run.main import run, run_dir_of
 
 CORRECTIONS = ["none", "tis", "icepop", "seq_tis", "seq_mis", "m2po"]
 OBJECTIVES = ["ppo", "gspo", "cispo"]

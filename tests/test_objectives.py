@@ -1,4 +1,4 @@
-"""Per-token objectives ppo / gspo / cispo and their combination with corrections (a3po/objectives.py)."""
+"""Per-token objectives ppo / gspo / cispo and their combination with corrections (a3po/maths/objectives.py)."""
 
 import math
 
@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from a3po.corrections import CORRECTIONS, apply_correction
-from a3po.loss import ppo_actor_loss
-from a3po.objectives import (OBJECTIVES, PROX_METHODS, check_combination, cispo, compute_objective, gspo,
+from a3po.maths.corrections import CORRECTIONS, apply_correction
+from a3po.maths.loss import ppo_actor_loss
+from a3po.maths.objectives import (OBJECTIVES, PROX_METHODS, check_combination, cispo, compute_objective, gspo,
                              policy_loss, ppo)
 
 

@@ -7,8 +7,8 @@ import pytest
 import yaml
 
 from a3po.errors import ConfigError
-from a3po.metrics_log import read_metrics
-from a3po.train import run, run_dir_of
+from a3po.run.metrics_log import read_metrics
+from a3po.run.main import run, run_dir_of
 
 
 def _non_timing(records):

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from a3po.proximal import (
+from a3po.maths.proximal import (
     SCHEDULES,
     approximate_prox_logp,
     approximation_errors,

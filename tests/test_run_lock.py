@@ -20,8 +20,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from a3po.errors import ConfigError
-from a3po.metrics_log import read_metrics
-from a3po.rundir import LOCK_FILE, claim_run_dir, release_run_dir
+from a3po.run.metrics_log import read_metrics
+from a3po.run.rundir import LOCK_FILE, claim_run_dir, release_run_dir
 
 from conftest import REPO, TINY_OVERRIDES
 
@@ -30,7 +30,7 @@ HOLDER = """
 import sys
 from pathlib import Path
 from omegaconf import OmegaConf
-from a3po.rundir import claim_run_dir
+from a3po.run.rundir import claim_run_dir
 claim_run_dir(Path(sys.argv[1]), OmegaConf.create({"seed": int(sys.argv[2])}))
 print("held", flush=True)
 sys.stdin.read()

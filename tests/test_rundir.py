@@ -9,11 +9,11 @@ import sys
 import pytest
 import torch
 
-from a3po.checkpoint import checkpoint_path
+from a3po.run.checkpoint import checkpoint_path
 from a3po.errors import ConfigError
-from a3po.metrics_log import read_metrics
-from a3po.rundir import config_differences
-from a3po.train import run, run_dir_of
+from a3po.run.metrics_log import read_metrics
+from a3po.run.rundir import config_differences
+from a3po.run.main import run, run_dir_of
 
 from conftest import REPO, TINY_OVERRIDES
 

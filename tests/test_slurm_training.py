@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from a3po.metrics_log import read_metrics
+from a3po.run.metrics_log import read_metrics
 
 try:
     from slurm_cluster import REPO_ROOT, LocalSlurm, local_slurm, requires_slurm  # noqa: F401

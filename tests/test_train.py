@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from a3po.errors import ConfigError
-from a3po.metrics_log import read_metrics
-from a3po.train import run, run_dir_of
+from a3po.run.metrics_log import read_metrics
+from a3po.run.main import run, run_dir_of
 
 from conftest import REPO
 
@@ -65,12 +65,12 @@ def test_every_algo_trains_and_logs_every_metric(tiny_cfg, algo, staleness):
 
 def test_behave_logp_equals_trainer_forward_and_loglinear_at_staleness_zero(tiny_cfg):
     from a3po.models import load_policy
-    from a3po.proximal import approximate_prox_logp
+    from a3po.maths.proximal import approximate_prox_logp
     from a3po.rollout import build_engine
     from a3po.tasks import build_task
-    from a3po.timer import PhaseTimer
-    from a3po.train import RolloutProducer
-    from a3po.trainer import Trainer
+    from a3po.run.timer import PhaseTimer
+    from a3po.run.main import RolloutProducer
+    from a3po.learner.trainer import Trainer
 
     cfg = tiny_cfg("rollout.max_new_tokens=12", "train.n_prompts=3", "train.n_samples=3")
     policy, tokenizer = load_policy(cfg.model, seed=0)

@@ -48,8 +48,8 @@ def _config():
 def setup():
     from a3po.models import load_policy
     from a3po.rollout import build_engine
-    from a3po.timer import PhaseTimer
-    from a3po.trainer import Trainer
+    from a3po.run.timer import PhaseTimer
+    from a3po.learner.trainer import Trainer
 
     cfg = _config()
     policy, tokenizer = load_policy(cfg.model, seed=0)
@@ -268,8 +268,8 @@ def test_cancel_ends_generation_and_close_releases_the_engine(setup):
 def test_async_run_with_vllm_bounds_staleness_and_shuts_down(tiny_cfg):
     """The whole loop: vLLM generates in the rollout thread while the trainer trains, weights are
     pushed after every step (interrupting generation in flight), and close() ends it all."""
-    from a3po.metrics_log import read_metrics
-    from a3po.train import run, run_dir_of
+    from a3po.run.metrics_log import read_metrics
+    from a3po.run.main import run, run_dir_of
 
     cfg = tiny_cfg("rollout=vllm", "runtime=async", "staleness=1", "train.total_steps=4", "train.eval_every=2",
                    *(f"model.{key}={value}" for key, value in zip(("num_attention_heads", "num_key_value_heads"),

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from a3po.timer import synchronize
+from a3po.run.timer import synchronize
 
 
 @dataclass

@@ -11,9 +11,9 @@ import torch
 from a3po.benchmark.harness import TrafficCounter, Variant, repeated, timed
 from a3po.benchmark.workload import Workload, group_configs
 from a3po.device import autocast_dtype
-from a3po.loss import token_logprobs, token_logprobs_and_entropy
-from a3po.proximal import approximate_prox_logp
-from a3po.trainer import Trainer, all_finite
+from a3po.maths.loss import token_logprobs, token_logprobs_and_entropy
+from a3po.maths.proximal import approximate_prox_logp
+from a3po.learner.trainer import Trainer, all_finite
 
 KernelInputs = dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 FLOOR_METHODS = ("loglinear", "linear")

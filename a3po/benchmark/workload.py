@@ -14,9 +14,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from a3po.batch import RolloutBatch, Sample
 from a3po.device import resolve_device, resolve_precision
-from a3po.proximal import METHODS, SCHEDULES
-from a3po.timer import PhaseTimer
-from a3po.trainer import Trainer, pack_micro_batches
+from a3po.maths.proximal import METHODS, SCHEDULES
+from a3po.run.timer import PhaseTimer
+from a3po.learner.trainer import Trainer, pack_micro_batches
 
 REPO = Path(__file__).resolve().parents[2]
 CONF_DIR = REPO / "conf"

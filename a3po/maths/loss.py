@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from a3po.shapes import check_same_shape
+from a3po.maths.shapes import check_same_shape
 
 __all__ = [
     "ppo_actor_loss",
@@ -70,7 +70,7 @@ def ppo_actor_loss(logp: torch.Tensor, prox_logp: torch.Tensor, behave_logp: tor
     prox_logp is an anchor: it is detached here whatever the caller passes.
 
     The reference of the default loss, written as AReaL writes it: the trainer composes the
-    same loss from `objective=ppo` x `correction=none` (a3po.objectives, a3po.corrections),
+    same loss from `objective=ppo` x `correction=none` (a3po.maths.objectives, a3po.maths.corrections),
     and tests/test_objectives.py holds the two equal bit for bit, gradient included.
     """
     check_same_shape(logp=logp, prox_logp=prox_logp, behave_logp=behave_logp, advantages=advantages, loss_mask=loss_mask)

@@ -1,6 +1,6 @@
 """The proximal methods (`algo=`): one typed registry that config validation, the trainer,
 run names and the analysis labels all read. Adding a method is one entry here plus its
-`conf/algo/<name>.yaml` (and, for a new approximation, its formula in a3po.proximal).
+`conf/algo/<name>.yaml` (and, for a new approximation, its formula in a3po.maths.proximal).
 
 `prox` says how the proximal log-probs of decoupled PPO are obtained:
 - `behave`: the behaviour policy itself; the behaviour weight is exactly 1 and the loss is
@@ -8,7 +8,7 @@ run names and the analysis labels all read. Adding a method is one entry here pl
 - `recompute`: a no-grad forward of the weights at the start of the step (the extra
   forward pass that A-3PO removes);
 - `loglinear` / `linear`: A-3PO's per-token interpolation between behaviour and current
-  log-probs (a3po.proximal.approximate_prox_logp), weighted by the alpha `schedule`.
+  log-probs (a3po.maths.proximal.approximate_prox_logp), weighted by the alpha `schedule`.
 
 Whether the approximation errors of every schedule are logged is not a method but a flag,
 `train.log_prox_errors`, usable with any of them.

@@ -25,7 +25,7 @@ from typing import Callable, Mapping
 
 import torch
 
-from a3po.shapes import check_same_shape
+from a3po.maths.shapes import check_same_shape
 
 __all__ = [
     "SCHEDULES",

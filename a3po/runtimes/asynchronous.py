@@ -29,7 +29,7 @@ import torch
 
 from a3po.batch import RolloutBatch
 from a3po.rollout.base import GenerationCancelled
-from a3po.timer import PhaseTimer
+from a3po.run.timer import PhaseTimer
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 
 advantages (GRPO group norm) -> prox logp (by algo) -> n_minibatches optimizer updates, each
 accumulated over token-budget micro-batches -> grad clip -> optimizer step. The metric names
-and their reductions live in a3po.step_metrics, the maths in a3po.loss and a3po.proximal;
-this file only moves tensors between them and the model. With N ranks (a3po.distributed)
+and their reductions live in a3po.run.step_metrics, the maths in a3po.maths.loss and a3po.maths.proximal;
+this file only moves tensors between them and the model. With N ranks (a3po.run.distributed)
 each trains on its shard of every minibatch and the loss stays the 1-process token mean.
 """
 
@@ -16,20 +16,20 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-from a3po.algos import get_algo
+from a3po.maths.algos import get_algo
 from a3po.batch import RolloutBatch, Sample
 from a3po.device import autocast, autocast_dtype
 from a3po.errors import ConfigError
-from a3po.corrections import apply_correction
-from a3po.diagnostics import offpolicy_metrics
-from a3po.distributed import (SINGLE, DistInfo, all_reduce_max, all_reduce_min, all_reduce_sum, local_value, shard,
+from a3po.maths.corrections import apply_correction
+from a3po.maths.diagnostics import offpolicy_metrics
+from a3po.run.distributed import (SINGLE, DistInfo, all_reduce_max, all_reduce_min, all_reduce_sum, local_value, shard,
                               wrap_fsdp)
-from a3po.health import NonFiniteUpdate
-from a3po.loss import grpo_advantages, masked_max, masked_mean, masked_min, token_logprobs, token_logprobs_and_entropy
-from a3po.objectives import MAX_LOG_RATIO, compute_objective, policy_loss
-from a3po.proximal import approximate_prox_logp, approximation_errors, staleness_stats, validate_schedule
-from a3po.step_metrics import StepMetrics
-from a3po.timer import PhaseTimer
+from a3po.run.health import NonFiniteUpdate
+from a3po.maths.loss import grpo_advantages, masked_max, masked_mean, masked_min, token_logprobs, token_logprobs_and_entropy
+from a3po.maths.objectives import MAX_LOG_RATIO, compute_objective, policy_loss
+from a3po.maths.proximal import approximate_prox_logp, approximation_errors, staleness_stats, validate_schedule
+from a3po.run.step_metrics import StepMetrics
+from a3po.run.timer import PhaseTimer
 
 
 def split_minibatches(n_items: int, n_minibatches: int, generator: torch.Generator) -> list[list[int]]:
@@ -133,7 +133,7 @@ class Trainer:
                  correction_cfg: Mapping[str, Any] | None = None, objective_cfg: Mapping[str, Any] | None = None,
                  dist: DistInfo = SINGLE, precision: str = "fp32") -> None:
         self.policy = policy
-        # With N ranks (a3po.distributed) each trains on its shard of every minibatch; the
+        # With N ranks (a3po.run.distributed) each trains on its shard of every minibatch; the
         # model is sharded with FSDP2 before the optimizer sees its parameters.
         self.dist = dist
         self.algo = get_algo(algo_cfg.name)
@@ -215,7 +215,7 @@ class Trainer:
 
     def warm_up(self, prompt_ids: list[int]) -> None:
         """One forward + backward on a sample made of `prompt_ids`, gradients dropped: the
-        first call's set-up cost paid before step 0 (a3po.train.warm_up). No optimizer step,
+        first call's set-up cost paid before step 0 (a3po.run.main.warm_up). No optimizer step,
         no RNG drawn, so nothing a step computes changes."""
         ids = torch.tensor(prompt_ids, dtype=torch.long)
         n_response = max(1, min(8, ids.numel() // 2))
@@ -340,7 +340,7 @@ class Trainer:
                      version: int, minibatch: int, n_minibatches: int) -> None:
         """Before a minibatch's optimizer step: the approximation's finiteness (a ValueError, a
         bug in the inputs) and the loss's and gradient norm's (`NonFiniteUpdate`: the run has
-        diverged, a3po.health), read in one host transfer. Distributed, the flags are combined
+        diverged, a3po.run.health), read in one host transfer. Distributed, the flags are combined
         over the ranks (one all-reduce), so every rank skips the step and raises together, even
         when only one rank's share of the loss is non-finite."""
         prox_ok = torch.stack(prox_flags).all() if prox_flags else torch.ones((), dtype=torch.bool, device=loss.device)

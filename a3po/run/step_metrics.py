@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import torch
 
 # How each value combines over the step's micro-batches (or minibatches), and over the ranks
-# of a distributed run (a3po.distributed; each rank holds its shard's micro-batches):
+# of a distributed run (a3po.run.distributed; each rank holds its shard's micro-batches):
 #   max / min    extreme over micro-batches (and ranks)
 #   token_mean   mean weighted by each micro-batch's valid tokens (a token mean over the step)
 #   sum          total over the step
@@ -36,10 +36,10 @@ REDUCTIONS: dict[str, str] = {
     "actor/loss": "mb_mean",
 }
 # Families of names that share a reduction: every schedule's approximation error, the
-# corrections' dropped/truncated fractions, the off-policy diagnostics (a3po.diagnostics).
+# corrections' dropped/truncated fractions, the off-policy diagnostics (a3po.maths.diagnostics).
 PREFIX_REDUCTIONS = {"prox_error/": "token_mean", "correction/": "token_mean", "offpolicy/": "token_mean"}
 
-# Run health (a3po.health), set by the training loop once per step rather than reduced from
+# Run health (a3po.run.health), set by the training loop once per step rather than reduced from
 # the trainer's micro-batches: whether the policy has collapsed (0/1, every step), the step
 # that collapse began (only while collapsed), and on the one line a diverged run logs for
 # the step it stopped at, `health/diverged` = 1 (that line carries no trainer metric: the
@@ -56,7 +56,7 @@ def reduction_of(name: str) -> str:
     for prefix, reduction in PREFIX_REDUCTIONS.items():
         if name.startswith(prefix):
             return reduction
-    raise KeyError(f"metric {name!r} has no reduction; add it to a3po.step_metrics.REDUCTIONS")
+    raise KeyError(f"metric {name!r} has no reduction; add it to a3po.run.step_metrics.REDUCTIONS")
 
 
 class StepMetrics:
@@ -93,7 +93,7 @@ class StepMetrics:
     def _reduce_across_ranks(self) -> dict[str, torch.Tensor]:
         """`_reduce` over every rank's values, in three all-reduces of one flat vector each
         (sum, max, min). Every rank must call it, with the same names."""
-        from a3po.distributed import all_reduce_max, all_reduce_min, all_reduce_sum
+        from a3po.run.distributed import all_reduce_max, all_reduce_min, all_reduce_sum
 
         names = list(self._values)  # the order they were added in: the same on every rank
         device = self._values[names[0]][0].device

@@ -1,7 +1,7 @@
 """Per-token policy-gradient objectives of the decoupled loss: ppo, gspo, cispo.
 
 Each objective returns, per token, the loss term BEFORE the behaviour weight; a correction
-(a3po/corrections.py) supplies that weight, and the loss is
+(a3po/maths/corrections.py) supplies that weight, and the loss is
 
     loss = sum_t keep_t * weight_t * per_token_t / n_valid        (`policy_loss` below)
 
@@ -19,8 +19,8 @@ from typing import Callable
 
 import torch
 
-from a3po.corrections import CORRECTIONS, Correction, sequence_mean
-from a3po.shapes import check_same_shape
+from a3po.maths.corrections import CORRECTIONS, Correction, sequence_mean
+from a3po.maths.shapes import check_same_shape
 
 __all__ = ["Objective", "OBJECTIVES", "PROX_METHODS", "compute_objective", "policy_loss", "check_combination", "check_clip"]
 
@@ -66,7 +66,7 @@ def _clip_range(eps_clip, eps_clip_higher, closed: bool) -> float:
 
 
 def _clipped_surrogate(ratio, advantages, mask, eps_clip, eps_high) -> Objective:
-    # The arithmetic of `ppo_actor_loss` (a3po/loss.py), operation for operation.
+    # The arithmetic of `ppo_actor_loss` (a3po/maths/loss.py), operation for operation.
     clipped_ratio = torch.clamp(ratio, 1.0 - eps_clip, 1.0 + eps_high)
     surrogate = -advantages * ratio
     surrogate_clipped = -advantages * clipped_ratio
@@ -80,7 +80,7 @@ def ppo(logp, prox_logp, advantages, seq_index, valid, *, eps_clip: float,
         eps_clip_higher: float | None = None) -> Objective:
     """PPO clip: per_token = max(-A r, -A clip(r, 1 - eps, 1 + eps_high)), r = exp(logp - prox).
 
-    Exactly `ppo_actor_loss` (a3po/loss.py; AReaL's ppo_actor_loss_fn, areal/utils/functional)
+    Exactly `ppo_actor_loss` (a3po/maths/loss.py; AReaL's ppo_actor_loss_fn, areal/utils/functional)
     before its behaviour weight: the same clipped-token definition (-A r < -A clip(r)), and
     eps_clip_higher=None meaning symmetric; it differs only where log r > MAX_LOG_RATIO, where
     ppo_actor_loss overflows. clip_high is the part of that set with r > 1 (A > 0),

@@ -29,7 +29,7 @@ from typing import Callable, Mapping
 
 import torch
 
-from a3po.shapes import check_same_shape
+from a3po.maths.shapes import check_same_shape
 
 __all__ = ["Correction", "CORRECTIONS", "CORRECTION_PARAMS", "apply_correction", "per_sequence_mean", "sequence_mean"]
 
@@ -107,7 +107,7 @@ def _result(valid, keep, weight, low, high=None, truncated=None) -> Correction:
 def none(log_w, seq_index, valid, *, cap: float | None = None) -> Correction:
     """weight = w; with `cap`, tokens with w > cap are DROPPED (weight 0), not truncated.
 
-    This is `train.behave_weight_cap` of `ppo_actor_loss` (a3po/loss.py), bit for bit: keep =
+    This is `train.behave_weight_cap` of `ppo_actor_loss` (a3po/maths/loss.py), bit for bit: keep =
     valid & (w <= cap), counted in masked_high. AReaL's former `behav_imp_weight_cap` (now
     RejectionSamplingConfig action=mask, metric=ratio, level=token, areal/utils/functional)
     does the same to the same ratio, pi_prox/pi_behave.

@@ -2,7 +2,7 @@
 leaving the caller's streams exactly where they were.
 
 Rollout and model construction must be a function of their seed alone, and must not move the
-trainer's RNG streams (which `a3po.checkpoint` saves and restores on resume). `torch.manual_seed`
+trainer's RNG streams (which `a3po.run.checkpoint` saves and restores on resume). `torch.manual_seed`
 seeds the CPU generator and every CUDA device's, so the CUDA states are saved and restored too,
 but only where CUDA is already initialised: saving them would otherwise initialise it.
 """
