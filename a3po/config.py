@@ -11,10 +11,12 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from a3po.maths.algos import ALGOS, get_algo
 from a3po.device import DEVICES, PRECISIONS, RESOLVED_PRECISIONS, resolve_device, resolve_precision
 from a3po.errors import ConfigError
-from a3po.maths.proximal import SCHEDULES, validate_schedule
+from a3po.maths.corrections import check_combination, check_correction
+from a3po.maths.objectives import check_objective
+from a3po.maths.proximal import ALGOS
+from a3po.maths.schedules import SCHEDULES, validate_schedule
 
 RUNTIMES = ("lagged", "async")
 LOGGER_MODES = ("offline", "online", "disabled")
@@ -103,29 +105,27 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _validate_loss_axes(cfg: DictConfig) -> None:
-    """The correction and objective groups: known names, valid parameters, and a combination
-    with the proximal method that has a meaning."""
-    from a3po.maths.corrections import CORRECTIONS, check_correction
-    from a3po.maths.objectives import OBJECTIVES, check_combination, check_clip
+def _plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
 
-    correction = OmegaConf.to_container(cfg.correction, resolve=True)
-    objective = OmegaConf.to_container(cfg.objective, resolve=True)
-    _require(correction.get("name") in CORRECTIONS, "correction.name", correction.get("name"), f"allowed: {sorted(CORRECTIONS)}")
-    _require(objective.get("name") in OBJECTIVES, "objective.name", objective.get("name"), f"allowed: {sorted(OBJECTIVES)}")
-    try:
-        check_correction(correction["name"], correction)
-    except ValueError as err:
-        raise ConfigError(f"correction={correction['name']}: {err}") from None
-    try:
-        check_clip(objective["name"], objective.get("eps_clip"), objective.get("eps_clip_higher"))
-        check_combination(objective["name"], correction["name"], get_algo(cfg.algo.name).prox)
-    except ValueError as err:
-        raise ConfigError(f"objective={objective['name']}: {err}") from None
-    if correction["name"] != "none":
-        _require(cfg.train.behave_weight_cap is None, "train.behave_weight_cap", cfg.train.behave_weight_cap,
-                 f"it is the cap of correction=none; with correction={correction['name']} set that correction's own "
-                 "bounds (correction.*) and leave it null")
+
+def _validate_axes(cfg: DictConfig) -> None:
+    """Each ablation axis's choice and its parameters, read from its spec (a3po.maths.spec),
+    and the one combination across axes that has no meaning (a correction beside coupled)."""
+    checks = [lambda: ALGOS.lookup(cfg.algo.name),
+              lambda: validate_schedule(cfg.schedule.get("name"), _plain(cfg.schedule)),
+              lambda: check_correction(cfg.correction.get("name"), _plain(cfg.correction)),
+              lambda: check_objective(cfg.objective.get("name"), _plain(cfg.objective)),
+              lambda: check_combination(cfg.correction.name, cfg.algo.name)]
+    if cfg.train.log_prox_errors:
+        for name, params in (cfg.train.get("prox_error_schedules") or {}).items():
+            where = f"train.prox_error_schedules.{name}"
+            checks.append(lambda name=name, params=params, where=where: validate_schedule(name, _plain(params), where))
+    for check in checks:
+        try:
+            check()
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
 
 
 def validate_world(cfg: DictConfig, world: int) -> None:
@@ -156,21 +156,9 @@ def validate_world(cfg: DictConfig, world: int) -> None:
 
 def validate_config(cfg: DictConfig) -> None:
     """Every check that needs no model, tokenizer or data. Raises ConfigError."""
-    get_algo(cfg.algo.name)
-    schedule = OmegaConf.to_container(cfg.schedule, resolve=True)
-    try:
-        validate_schedule(schedule.get("name"), schedule)
-    except ValueError as err:
-        raise ConfigError(f"schedule: {err}") from None
     _require(isinstance(cfg.train.log_prox_errors, bool), "train.log_prox_errors", cfg.train.log_prox_errors,
              "it must be true or false")
-    if cfg.train.log_prox_errors:
-        for name, params in (cfg.train.get("prox_error_schedules") or {}).items():
-            try:
-                validate_schedule(name, dict(params or {}))
-            except ValueError as err:
-                raise ConfigError(f"train.prox_error_schedules.{name}: {err}") from None
-
+    _validate_axes(cfg)
     _require(_is_int(cfg.staleness) and cfg.staleness >= 0, "staleness", cfg.staleness, "it must be an integer >= 0")
     _require(_is_int(cfg.seed) and cfg.seed >= 0, "seed", cfg.seed, "it must be an integer >= 0")
     _require(cfg.device in DEVICES, "device", cfg.device, f"allowed: {list(DEVICES)}")
@@ -183,11 +171,6 @@ def validate_config(cfg: DictConfig) -> None:
         _require(_is_int(train[key]) and train[key] >= 1, f"train.{key}", train[key], "it must be an integer >= 1")
     _require(train.n_prompts * train.n_samples >= train.n_minibatches, "train.n_minibatches", train.n_minibatches,
              f"it must be <= train.n_prompts * train.n_samples = {train.n_prompts * train.n_samples}")
-    _require(_is_number(train.eps_clip) and train.eps_clip > 0, "train.eps_clip", train.eps_clip, "it must be > 0")
-    _require(train.eps_clip_higher is None or (_is_number(train.eps_clip_higher) and train.eps_clip_higher > 0),
-             "train.eps_clip_higher", train.eps_clip_higher, "it must be > 0, or null for eps_clip")
-    _require(train.behave_weight_cap is None or (_is_number(train.behave_weight_cap) and train.behave_weight_cap > 0),
-             "train.behave_weight_cap", train.behave_weight_cap, "it must be > 0, or null for no cap")
     _require(_is_number(train.lr) and train.lr > 0, "train.lr", train.lr, "it must be > 0")
     _require(_is_number(train.grad_clip) and train.grad_clip > 0, "train.grad_clip", train.grad_clip, "it must be > 0")
     for key in ("eval_every", "checkpoint_every"):
@@ -211,7 +194,6 @@ def validate_config(cfg: DictConfig) -> None:
              f"allowed: {list(ON_CONFIG_CHANGE)}")
     _require(train.max_steps_this_run is None or (_is_int(train.max_steps_this_run) and train.max_steps_this_run >= 1),
              "train.max_steps_this_run", train.max_steps_this_run, "it must be an integer >= 1, or null")
-    _validate_loss_axes(cfg)  # after train.*: the ppo objective's clip is train.eps_clip
 
     rollout = cfg.rollout
     from a3po.rollout import ENGINES

@@ -93,8 +93,7 @@ def test_hf_engine_samples_as_the_trainer_computes_on_gpu():
     engine = build_engine(cfg.rollout, policy, tokenizer, device)
     timer = PhaseTimer(device)
     batch = RolloutProducer(cfg, build_task(cfg.task, 0), tokenizer, engine, timer)(0)
-    trainer = Trainer(policy, algo_cfg=cfg.algo, schedule_cfg={"name": "inverse"}, train_cfg=cfg.train,
-                      temperature=1.0, pad_id=tokenizer.pad_token_id, device=device, timer=timer)
+    trainer = Trainer(policy, cfg, pad_id=tokenizer.pad_token_id, device=device, timer=timer)
     with torch.no_grad():
         logp, _ = trainer.response_logp(batch.samples)
     behave = torch.cat([s.behave_logp for s in batch.samples]).to(device)

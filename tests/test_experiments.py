@@ -85,6 +85,6 @@ def test_paper_config_values_are_the_papers():
     assert cfg.model.path == "Qwen/Qwen2.5-1.5B-Instruct"
     assert (cfg.train.n_prompts, cfg.train.n_samples, cfg.train.n_minibatches) == (256, 4, 4)
     assert (cfg.rollout.max_new_tokens, cfg.train.token_budget) == (1024, 10240)
-    assert (cfg.train.lr, cfg.train.weight_decay, cfg.train.eps_clip) == (1.7e-5, 0.017, 0.4)
-    assert (cfg.train.reward_scaling, cfg.train.reward_bias, cfg.train.behave_weight_cap) == (10.0, -0.5, 5.0)
+    assert (cfg.train.lr, cfg.train.weight_decay, cfg.objective.eps_clip) == (1.7e-5, 0.017, 0.4)
+    assert (cfg.train.reward_scaling, cfg.train.reward_bias, cfg.correction.cap) == (10.0, -0.5, 5.0)
     assert OmegaConf.select(cfg, "rollout.temperature") == 1.0

@@ -1,4 +1,5 @@
-"""The decoupled PPO loss, token log-probs/entropy and GRPO advantages."""
+"""AReaL's decoupled PPO loss (tests/oracles.py, the reference the library's loss is held to),
+token log-probs/entropy and GRPO advantages."""
 
 import math
 
@@ -7,8 +8,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from a3po.maths.loss import grpo_advantages, ppo_actor_loss, token_logprobs, token_logprobs_and_entropy
-import a3po.maths.loss as loss_module
+import a3po.maths.logprobs as logprobs_module
+from a3po.maths.advantages import grpo_advantages
+from a3po.maths.logprobs import token_logprobs, token_logprobs_and_entropy
+from oracles import ppo_actor_loss
 
 
 def test_hand_computed_2x3():
@@ -119,7 +122,7 @@ def test_token_logprobs_and_entropy_equal_naive(rows, vocab, seed, scale):
 
 
 def test_chunking_crosses_chunk_boundaries_and_keeps_gradient(monkeypatch):
-    monkeypatch.setattr(loss_module, "LOGPROB_CHUNK_ROWS", 3)
+    monkeypatch.setattr(logprobs_module, "LOGPROB_CHUNK_ROWS", 3)
     logits = torch.randn(2, 5, 7, requires_grad=True)
     tokens = torch.randint(0, 7, (2, 5))
     logp, entropy = token_logprobs_and_entropy(logits, tokens)

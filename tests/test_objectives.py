@@ -7,10 +7,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from a3po.maths.corrections import CORRECTIONS, apply_correction
-from a3po.maths.loss import ppo_actor_loss
-from a3po.maths.objectives import (OBJECTIVES, PROX_METHODS, check_combination, cispo, compute_objective, gspo,
-                             policy_loss, ppo)
+from a3po.maths.corrections import CORRECTIONS, apply_correction, check_combination
+from a3po.maths.loss import policy_loss
+from a3po.maths.objectives import OBJECTIVES, cispo, compute_objective, gspo, ppo
+from a3po.maths.proximal import ALGOS
+from oracles import ppo_actor_loss
 
 
 def t(values, requires_grad=False):
@@ -168,39 +169,39 @@ def test_cispo_accepts_eps_clip_one_as_no_lower_bound():
 
 @pytest.mark.parametrize("name", sorted(OBJECTIVES))
 @pytest.mark.parametrize("kwargs, argument", [
-    ({"eps_clip": 0.0}, "eps_clip=0.0"), ({"eps_clip": -0.1}, "eps_clip=-0.1"), ({"eps_clip": 1.5}, "eps_clip=1.5"),
-    ({"eps_clip": True}, "eps_clip=True"), ({"eps_clip": 0.2, "eps_clip_higher": 0.0}, "eps_clip_higher=0.0"),
-    ({"eps_clip": 0.2, "eps_clip_higher": -1.0}, "eps_clip_higher=-1.0"),
+    ({"eps_clip": 0.0}, "objective.eps_clip=0 is not allowed"), ({"eps_clip": -0.1}, "objective.eps_clip=-0.1 "),
+    ({"eps_clip": 1.5}, "objective.eps_clip=1.5 "), ({"eps_clip": True}, "objective.eps_clip=True is not a number"),
+    ({"eps_clip": 0.2, "eps_clip_higher": 0.0}, "objective.eps_clip_higher=0 is not allowed"),
+    ({"eps_clip": 0.2, "eps_clip_higher": -1.0}, "objective.eps_clip_higher=-1 "),
+    ({"eps_clip": 0.2, "eps_clp": 0.3}, r"objective=.* does not take \['eps_clp'\]"),
 ])
 def test_bad_clip_parameters_name_the_argument(name, kwargs, argument):
     logp, prox, _, adv, seq, valid = inputs(0)
     with pytest.raises(ValueError, match=argument):
-        compute_objective(name, logp, prox, adv, seq, valid, **kwargs)
+        compute_objective(name, logp, prox, adv, seq, valid, kwargs)
 
 
 def test_eps_clip_one_only_for_cispo_and_unknown_objective():
     logp, prox, _, adv, seq, valid = inputs(0)
     for name in ("ppo", "gspo"):
-        with pytest.raises(ValueError, match=r"eps_clip=1.0 is not allowed; it must be in \(0, 1\)"):
-            compute_objective(name, logp, prox, adv, seq, valid, eps_clip=1.0)
+        with pytest.raises(ValueError, match=r"eps_clip=1 is not allowed; it must be in \(0, 1\)"):
+            compute_objective(name, logp, prox, adv, seq, valid, {"eps_clip": 1.0})
+    compute_objective("cispo", logp, prox, adv, seq, valid, {"eps_clip": 1.0})
     with pytest.raises(ValueError, match=r"objective='grpo'.*\['cispo', 'gspo', 'ppo'\]"):
-        compute_objective("grpo", logp, prox, adv, seq, valid, eps_clip=0.2)
+        compute_objective("grpo", logp, prox, adv, seq, valid, {"eps_clip": 0.2})
     with pytest.raises(ValueError, match="shape mismatch"):
         ppo(logp, prox[:3], adv, seq, valid, eps_clip=0.2)
 
 
 def test_check_combination():
-    for objective in OBJECTIVES:
-        for correction in CORRECTIONS:
-            for prox in PROX_METHODS:
-                if prox == "behave" and correction != "none":
-                    with pytest.raises(ValueError, match=f"correction='{correction}'.*prox_method='behave'"):
-                        check_combination(objective, correction, prox)
-                else:
-                    check_combination(objective, correction, prox)
-    for args, key in ((("gspo2", "none", "recompute"), "objective='gspo2'"),
-                      (("ppo", "ice", "recompute"), "correction='ice'"),
-                      (("ppo", "none", "coupled"), "prox_method='coupled'")):
+    for correction in CORRECTIONS:
+        for method, spec in ALGOS.items():
+            if spec.anchor == "behave" and correction != "none":
+                with pytest.raises(ValueError, match=f"correction='{correction}'.*algo=coupled"):
+                    check_combination(correction, method)
+            else:
+                check_combination(correction, method)
+    for args, key in ((("ice", "recompute"), "correction='ice'"), (("none", "coupledd"), "algo.name='coupledd'")):
         with pytest.raises(ValueError, match=key):
             check_combination(*args)
 
@@ -212,7 +213,7 @@ def test_overflowing_ratio_on_a_dropped_token_gives_finite_loss_and_gradient(nam
     behave = t([-400.0, -1.0, -1.0])  # log w = 200: dropped by icepop
     seq, valid, adv = torch.tensor([0, 1, 1]), torch.ones(3, dtype=torch.bool), t([-1.0, 1.0, 1.0])
     correction = apply_correction("icepop", prox - behave, seq, valid, {})
-    objective = compute_objective(name, logp, prox, adv, seq, valid, eps_clip=0.2)
+    objective = compute_objective(name, logp, prox, adv, seq, valid, {"eps_clip": 0.2})
     loss = policy_loss(objective, correction, valid)
     loss.backward()
     assert correction.weight[0].item() == 0.0

@@ -7,13 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from a3po.maths.proximal import (
-    SCHEDULES,
-    approximate_prox_logp,
-    approximation_errors,
-    staleness_stats,
-    target_weight,
-)
+from a3po.maths.proximal import approximate_prox_logp, approximation_errors, staleness_stats
+from a3po.maths.schedules import SCHEDULES, target_weight
 
 SCHEDULE_PARAMS = {
     "inverse": {},
@@ -191,11 +186,12 @@ def test_approximation_errors_zero_when_exact_and_hand_value():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(method="cubic"), r"method='cubic'.*allowed methods: \['loglinear', 'linear'\]"),
-        (dict(schedule="nope"), r"schedule='nope'.*allowed schedules"),
-        (dict(schedule="exponential", gamma=0.0), r"gamma=0.0.*\(0, 1\]"),
+        (dict(method="cubic"), r"algo.name='cubic'.*allowed: \['coupled', 'linear', 'loglinear', 'recompute'\]"),
+        (dict(method="recompute"), r"method='recompute' is not an approximation; allowed: \['loglinear', 'linear'\]"),
+        (dict(schedule="nope"), r"schedule='nope'.*allowed: \['behave'"),
+        (dict(schedule="exponential", gamma=0.0), r"schedule.gamma=0 .*\(0, 1\]"),
         (dict(schedule="exponential", gamma=1.5), r"gamma=1.5.*\(0, 1\]"),
-        (dict(schedule="exponential"), r"needs the parameter 'gamma'"),
+        (dict(schedule="exponential", gama=0.5), r"does not take \['gama'\]"),
         (dict(schedule="linear_decay", horizon=0.5), r"horizon=0.5.*>= 1"),
         (dict(schedule="constant", c=-0.1), r"c=-0.1.*\[0, 1\]"),
         (dict(schedule="constant", c=1.1), r"c=1.1.*\[0, 1\]"),

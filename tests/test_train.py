@@ -78,8 +78,7 @@ def test_behave_logp_equals_trainer_forward_and_loglinear_at_staleness_zero(tiny
     timer = PhaseTimer()
     producer = RolloutProducer(cfg, build_task(cfg.task, 0), tokenizer, engine, timer)
     batch = producer(0)
-    trainer = Trainer(policy, algo_cfg=cfg.algo, schedule_cfg={"name": "inverse"}, train_cfg=cfg.train,
-                      temperature=1.0, pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=timer)
+    trainer = Trainer(policy, cfg, pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=timer)
     with torch.no_grad():
         recomputed, _ = trainer.response_logp(batch.samples)
     behave = torch.cat([s.behave_logp for s in batch.samples])
@@ -127,8 +126,8 @@ def test_resume_drops_steps_logged_after_the_checkpoint(tiny_cfg):
     "override, key",
     [
         ("staleness=-1", "staleness=-1"),
-        ("train.eps_clip=0", "train.eps_clip=0"),
-        ("train.eps_clip=-0.2", "train.eps_clip=-0.2"),
+        ("objective.eps_clip=0", "objective.eps_clip=0 is not allowed"),
+        ("objective.eps_clip=-0.2", "objective.eps_clip=-0.2 is not allowed"),
         ("schedule=exponential schedule.gamma=2.0", "gamma=2.0"),
         ("model.source=hub model.path=/nonexistent/model", "model.path"),
         ("train.token_budget=8", "train.token_budget=8"),

@@ -54,9 +54,8 @@ def setup():
     cfg = _config()
     policy, tokenizer = load_policy(cfg.model, seed=0)
     engine = build_engine(cfg.rollout, policy, tokenizer, torch.device("cpu"))
-    trainer = Trainer(policy, algo_cfg=cfg.algo, schedule_cfg={"name": "inverse"}, train_cfg=cfg.train,
-                      temperature=TEMPERATURE, pad_id=tokenizer.pad_token_id, device=torch.device("cpu"),
-                      timer=PhaseTimer())
+    cfg.rollout.temperature = TEMPERATURE
+    trainer = Trainer(policy, cfg, pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer())
     prompts = [tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": f"What is {i} + {2 * i}?"}],
                                                        add_generation_prompt=True, tokenize=False),
                          add_special_tokens=False).input_ids for i in range(3)]

@@ -15,19 +15,19 @@ import time
 from typing import Any, Iterator, Mapping
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 
-from a3po.maths.algos import get_algo
 from a3po.batch import RolloutBatch, Sample
 from a3po.device import autocast, autocast_dtype
 from a3po.errors import ConfigError
-from a3po.maths.corrections import apply_correction
-from a3po.maths.diagnostics import offpolicy_metrics
+from a3po.maths.advantages import grpo_advantages
+from a3po.maths.logprobs import token_logprobs, token_logprobs_and_entropy
+from a3po.maths.loss import decoupled_loss
+from a3po.maths.proximal import ALGOS, approximate_prox_logp, approximation_errors, staleness_stats
+from a3po.maths.schedules import validate_schedule
 from a3po.run.distributed import (SINGLE, DistInfo, all_reduce_max, all_reduce_min, all_reduce_sum, local_value, shard,
-                              wrap_fsdp)
+                                  wrap_fsdp)
 from a3po.run.health import NonFiniteUpdate
-from a3po.maths.loss import grpo_advantages, masked_max, masked_mean, masked_min, token_logprobs, token_logprobs_and_entropy
-from a3po.maths.objectives import MAX_LOG_RATIO, compute_objective, policy_loss
-from a3po.maths.proximal import approximate_prox_logp, approximation_errors, staleness_stats, validate_schedule
 from a3po.run.step_metrics import StepMetrics
 from a3po.run.timer import PhaseTimer
 
@@ -90,6 +90,10 @@ def make_optimizer(policy: torch.nn.Module, train_cfg) -> torch.optim.Optimizer:
         return torch.optim.AdamW(params, **kwargs)
 
 
+def _plain(node: Any) -> dict[str, Any]:
+    return dict(OmegaConf.to_container(node, resolve=True)) if isinstance(node, DictConfig) else dict(node)
+
+
 class _DeviceSpans:
     """Seconds spent in short spans inside the micro-batch loop, without a host sync per span.
 
@@ -128,26 +132,26 @@ class _DeviceSpans:
 
 
 class Trainer:
-    def __init__(self, policy: torch.nn.Module, *, algo_cfg, schedule_cfg: Mapping[str, Any], train_cfg,
-                 temperature: float, pad_id: int, device: torch.device, timer: PhaseTimer,
-                 correction_cfg: Mapping[str, Any] | None = None, objective_cfg: Mapping[str, Any] | None = None,
-                 dist: DistInfo = SINGLE, precision: str = "fp32") -> None:
+    """The learner: forwards, the proximal log-probs of the run's method and the optimizer
+    updates of one step. `cfg` is the run's composed config (its algo, schedule, correction,
+    objective, train and rollout groups and the resolved precision are read here)."""
+
+    def __init__(self, policy: torch.nn.Module, cfg: Any, *, pad_id: int, device: torch.device, timer: PhaseTimer,
+                 dist: DistInfo = SINGLE) -> None:
         self.policy = policy
         # With N ranks (a3po.run.distributed) each trains on its shard of every minibatch; the
         # model is sharded with FSDP2 before the optimizer sees its parameters.
         self.dist = dist
-        self.algo = get_algo(algo_cfg.name)
-        # The loss axes (conf/correction, conf/objective); the defaults are today's loss:
-        # the behaviour weight with train.behave_weight_cap as a mask, and PPO's clip.
-        self.correction = dict(correction_cfg or {"name": "none", "cap": train_cfg.behave_weight_cap})
-        self.objective = dict(objective_cfg or {"name": "ppo", "eps_clip": train_cfg.eps_clip,
-                                                "eps_clip_higher": train_cfg.eps_clip_higher})
-        self.schedule = schedule_cfg["name"]
-        self.schedule_params = validate_schedule(self.schedule, schedule_cfg)
-        self.cfg = train_cfg
-        self.error_schedules = ({name: dict(params or {}) for name, params in (train_cfg.get("prox_error_schedules") or {}).items()}
-                                if train_cfg.get("log_prox_errors", False) else {})
-        self.temperature = float(temperature)
+        self.algo = ALGOS.lookup(cfg.algo.name)
+        # The loss axes (conf/correction, conf/objective): each holds its own parameters.
+        self.correction = _plain(cfg.correction)
+        self.objective = _plain(cfg.objective)
+        self.schedule = cfg.schedule.name
+        self.schedule_params = validate_schedule(self.schedule, _plain(cfg.schedule))
+        self.cfg = cfg.train
+        self.error_schedules = ({name: _plain(params or {}) for name, params in (cfg.train.get("prox_error_schedules") or {}).items()}
+                                if cfg.train.get("log_prox_errors", False) else {})
+        self.temperature = float(cfg.rollout.temperature)
         self.pad_id = pad_id
         self.device = device
         self.timer = timer
@@ -158,12 +162,12 @@ class Trainer:
         self._logits = self._response_logits
         if dist.world > 1:  # the root's parameters are gathered around this call as around forward
             self._logits = wrap_fsdp(policy, forward_method=self._response_logits)
-        self.optimizer = make_optimizer(policy, train_cfg)
+        self.optimizer = make_optimizer(policy, cfg.train)
         # `precision` (resolved, a3po.device): bf16 is autocast with float32 master weights,
         # optimizer and log-softmax; the HF engine samples under the same rule, so behave and
         # current log-probs are computed alike.
-        self.precision = precision
-        self.autocast_dtype = autocast_dtype(device, policy, precision)
+        self.precision = cfg.precision
+        self.autocast_dtype = autocast_dtype(device, policy, cfg.precision)
 
     # ------------------------------------------------------------------ forward
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -309,7 +313,7 @@ class Trainer:
                         continue
                     tokens = self._micro_batch_tensors([samples[i] for i in micro], advantages[micro])
                     logp, entropy = self.response_logp([samples[i] for i in micro])
-                    if self.algo.prox == "recompute":
+                    if self.algo.anchor == "recompute":
                         prox = torch.cat([recomputed[i] for i in micro])
                     else:
                         with approximation_time.span():
@@ -330,7 +334,7 @@ class Trainer:
                 self.optimizer.step()
                 metrics.add({"actor/grad_norm": grad_norm, "actor/loss": minibatch_loss})
         self.optimizer.zero_grad(set_to_none=True)
-        if self.algo.prox != "recompute":
+        if self.algo.anchor != "recompute":
             self.timer.add("prox_logp", approximation_time.seconds())
         all_versions = torch.cat([s.versions for s in samples])
         staleness = {name: float(v) for name, v in staleness_stats(all_versions, version).items()}
@@ -359,7 +363,7 @@ class Trainer:
     def _recomputed_prox(self, samples: list[Sample], plans) -> dict[int, torch.Tensor]:
         """The recompute forward when the method needs it (timed as `prox_logp`), or when
         approximation errors are logged against it (timed apart, as `prox_reference`)."""
-        if self.algo.prox == "recompute":
+        if self.algo.anchor == "recompute":
             with self.timer.phase("prox_logp"):
                 return self.recompute_prox_logp(samples, plans)
         if self.error_schedules:
@@ -369,36 +373,9 @@ class Trainer:
 
     def loss(self, logp: torch.Tensor, prox: torch.Tensor, tokens: Mapping[str, torch.Tensor]
              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """One micro-batch's decoupled loss, objective x correction (a token mean over its valid
-        tokens; dropped tokens stay in the denominator), and its metrics as 0-dim tensors."""
-        behave, valid, seq = tokens["behave"], tokens["mask"], tokens["seq_index"]
-        prox = prox.detach()
-        correction = apply_correction(self.correction["name"], prox - behave, seq, valid, self.correction)
-        objective = compute_objective(self.objective["name"], logp, prox, tokens["advantages"], seq, valid,
-                                      eps_clip=self.objective["eps_clip"],
-                                      eps_clip_higher=self.objective.get("eps_clip_higher"))
-        ratio = torch.exp((logp.detach() - prox).clamp(max=MAX_LOG_RATIO))  # pi_theta / pi_prox per token
-        behave_weight = torch.exp((prox - behave).clamp(max=MAX_LOG_RATIO))  # before the correction
-        n_valid = valid.sum()
-        stats = {
-            "actor/importance_weight/max": masked_max(ratio, valid),
-            "actor/importance_weight/min": masked_min(ratio, valid),
-            "actor/importance_weight/mean": masked_mean(ratio, valid),
-            "actor/behave_weight/max": masked_max(behave_weight, valid),
-            "actor/behave_weight/min": masked_min(behave_weight, valid),
-            "actor/behave_weight/mean": masked_mean(behave_weight, valid),
-            "actor/behave_weight/capped_tokens": (valid & ~correction.keep).sum(),
-            "actor/clipped_tokens": (objective.clip_low | objective.clip_high).sum(),
-            "actor/clip_low": objective.clip_low.sum() / n_valid.clamp(min=1),
-            "actor/clip_high": objective.clip_high.sum() / n_valid.clamp(min=1),
-            "actor/approx_kl": masked_mean(logp.detach() - prox, valid),
-            "actor/valid_tokens": n_valid,
-            "correction/masked_low": correction.masked_low,
-            "correction/masked_high": correction.masked_high,
-            "correction/truncated": correction.truncated,
-            **offpolicy_metrics(behave, prox, logp, seq, valid),
-        }
-        return policy_loss(objective, correction, valid), stats
+        """One micro-batch's decoupled loss (a3po.maths.loss) and its metrics as 0-dim tensors."""
+        return decoupled_loss(logp, prox, tokens["behave"], tokens["advantages"], tokens["seq_index"], tokens["mask"],
+                              objective=self.objective, correction=self.correction)
 
     def _micro_batch_tensors(self, samples: list[Sample], advantages: torch.Tensor) -> dict[str, torch.Tensor]:
         """A micro-batch's per-token inputs, concatenated sample by sample, on the device."""
@@ -417,9 +394,9 @@ class Trainer:
                          version: int) -> torch.Tensor:
         """One micro-batch's proximal log-probs without a forward pass (coupled: the behaviour
         policy itself). The finite check is the caller's, once per minibatch (no host sync here)."""
-        if self.algo.prox == "behave":
+        if self.algo.anchor == "behave":
             return behave
-        return approximate_prox_logp(behave, logp.detach(), versions, version, method=self.algo.prox,
+        return approximate_prox_logp(behave, logp.detach(), versions, version, method=self.algo.name,
                                      schedule=self.schedule, check_finite=False, **self.schedule_params)
 
 

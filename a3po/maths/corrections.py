@@ -23,15 +23,17 @@ is exactly 0. No function here syncs with the host.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Mapping
 
 import torch
 
-from a3po.maths.shapes import check_same_shape
+from a3po.maths.masked import check_same_shape
+from a3po.maths.proximal import ALGOS
+from a3po.maths.spec import Param, Registry, Spec
 
-__all__ = ["Correction", "CORRECTIONS", "CORRECTION_PARAMS", "apply_correction", "per_sequence_mean", "sequence_mean"]
+__all__ = ["Correction", "CorrectionSpec", "CORRECTIONS", "apply_correction", "check_combination", "check_correction",
+           "per_sequence_mean", "sequence_mean"]
 
 
 @dataclass(frozen=True)
@@ -53,28 +55,6 @@ def _check_inputs(log_w: torch.Tensor, seq_index: torch.Tensor, valid: torch.Ten
         raise ValueError(f"log_w must be floating point, got {log_w.dtype}")
     if seq_index.dtype.is_floating_point or seq_index.dtype == torch.bool:
         raise ValueError(f"seq_index must be an integer tensor, got dtype {seq_index.dtype}")
-
-
-def _number(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise ValueError(f"{name}={value!r} is not a number")
-    return float(value)
-
-
-def _check_positive(name: str, value) -> float:
-    value = _number(name, value)
-    if not value > 0:
-        raise ValueError(f"{name}={value:g} is not allowed; it must be > 0")
-    return value
-
-
-def _check_bounds(lo, hi) -> tuple[float, float]:
-    lo, hi = _number("lo", lo), _number("hi", hi)
-    if not lo >= 0:
-        raise ValueError(f"lo={lo:g} is not allowed; it must be >= 0")
-    if not lo < hi:
-        raise ValueError(f"lo={lo:g}, hi={hi:g} is not allowed; lo must be < hi")
-    return lo, hi
 
 
 def per_sequence_mean(values: torch.Tensor, seq_index: torch.Tensor,
@@ -104,7 +84,7 @@ def _result(valid, keep, weight, low, high=None, truncated=None) -> Correction:
     return Correction(weight.detach(), keep, low.sum() / n_valid, high.sum() / n_valid, trunc.sum() / n_valid)
 
 
-def none(log_w, seq_index, valid, *, cap: float | None = None) -> Correction:
+def none(log_w, seq_index, valid, *, cap: float | None) -> Correction:
     """weight = w; with `cap`, tokens with w > cap are DROPPED (weight 0), not truncated.
 
     This is `train.behave_weight_cap` of `ppo_actor_loss` (a3po/maths/loss.py), bit for bit: keep =
@@ -115,11 +95,11 @@ def none(log_w, seq_index, valid, *, cap: float | None = None) -> Correction:
     _check_inputs(log_w, seq_index, valid)
     valid = valid.bool()
     w = torch.exp(log_w.detach())
-    keep = valid if cap is None else valid & (w <= _check_positive("cap", cap))
+    keep = valid if cap is None else valid & (w <= cap)
     return _result(valid, keep, torch.where(keep, w, 0.0), torch.zeros_like(valid))
 
 
-def tis(log_w, seq_index, valid, *, cap: float = 2.0) -> Correction:
+def tis(log_w, seq_index, valid, *, cap: float) -> Correction:
     """Token truncated IS: weight = min(w, C); every valid token is kept.
 
     verl `rollout_is=token` with `rollout_is_threshold` (verl/trainer/ppo/rollout_corr_helper.py,
@@ -129,14 +109,13 @@ def tis(log_w, seq_index, valid, *, cap: float = 2.0) -> Correction:
     `none`. truncated = fraction of valid tokens with w > C.
     """
     _check_inputs(log_w, seq_index, valid)
-    cap = _check_positive("cap", cap)
     valid = valid.bool()
     w = torch.exp(log_w.detach())
     weight = torch.where(valid, torch.clamp(w, max=cap), 0.0)
     return _result(valid, valid, weight, torch.zeros_like(valid), torch.zeros_like(valid), w > cap)
 
 
-def icepop(log_w, seq_index, valid, *, lo: float = 0.5, hi: float = 2.0) -> Correction:
+def icepop(log_w, seq_index, valid, *, lo: float, hi: float) -> Correction:
     """Token mask (IcePop / token MIS): keep = lo <= w <= hi (inclusive); weight = w on kept.
 
     slime `icepop_function` (slime/backends/megatron_utils/loss.py) multiplies the loss by
@@ -144,7 +123,6 @@ def icepop(log_w, seq_index, valid, *, lo: float = 0.5, hi: float = 2.0) -> Corr
     tokens; TRL `token_mask` likewise; verl `rollout_rs=token_k1` masks only. We apply it to w.
     """
     _check_inputs(log_w, seq_index, valid)
-    lo, hi = _check_bounds(lo, hi)
     valid = valid.bool()
     w = torch.exp(log_w.detach())
     keep = valid & (w >= lo) & (w <= hi)
@@ -157,7 +135,7 @@ def _sequence_weight(log_w, seq_index, valid) -> torch.Tensor:
     return torch.exp(sequence_mean(log_w.detach(), seq_index, valid))
 
 
-def seq_tis(log_w, seq_index, valid, *, cap: float = 2.0) -> Correction:
+def seq_tis(log_w, seq_index, valid, *, cap: float) -> Correction:
     """Sequence TIS: every token of sequence i gets weight min(rho_i, C), rho_i = exp(mean_t log w_t).
 
     The sequence weight REPLACES the token weights w_t (it does not multiply them), as in every
@@ -168,14 +146,13 @@ def seq_tis(log_w, seq_index, valid, *, cap: float = 2.0) -> Correction:
     truncated = fraction of valid tokens whose rho_i > C.
     """
     _check_inputs(log_w, seq_index, valid)
-    cap = _check_positive("cap", cap)
     valid = valid.bool()
     rho = _sequence_weight(log_w, seq_index, valid)
     weight = torch.where(valid, torch.clamp(rho, max=cap), 0.0)
     return _result(valid, valid, weight, torch.zeros_like(valid), torch.zeros_like(valid), rho > cap)
 
 
-def seq_mis(log_w, seq_index, valid, *, lo: float = 0.5, hi: float = 2.0) -> Correction:
+def seq_mis(log_w, seq_index, valid, *, lo: float, hi: float) -> Correction:
     """Sequence mask: drop every token of sequence i if rho_i = exp(mean_t log w_t) is outside
     [lo, hi] (inclusive bounds); kept tokens keep their own weight w_t.
 
@@ -186,14 +163,13 @@ def seq_mis(log_w, seq_index, valid, *, lo: float = 0.5, hi: float = 2.0) -> Cor
     we keep w_t so seq_mis isolates the effect of rejection on the decoupled loss.
     """
     _check_inputs(log_w, seq_index, valid)
-    lo, hi = _check_bounds(lo, hi)
     valid = valid.bool()
     rho = _sequence_weight(log_w, seq_index, valid)
     keep = valid & (rho >= lo) & (rho <= hi)
     return _result(valid, keep, torch.where(keep, torch.exp(log_w.detach()), 0.0), rho < lo)
 
 
-def m2po(log_w, seq_index, valid, *, tau: float = 0.04) -> Correction:
+def m2po(log_w, seq_index, valid, *, tau: float) -> Correction:
     """M2PO: drop the valid tokens with the largest m2 = (log w)^2 until the mean of m2 over the
     REMAINING valid tokens is < tau; weight = w on kept tokens.
 
@@ -206,7 +182,6 @@ def m2po(log_w, seq_index, valid, *, tau: float = 0.04) -> Correction:
     A dropped token counts as masked_high if log w > 0, else masked_low.
     """
     _check_inputs(log_w, seq_index, valid)
-    tau = _check_positive("tau", tau)
     valid = valid.bool()
     flat_lw, flat_valid = log_w.detach().reshape(-1), valid.reshape(-1)
     m2 = flat_lw * flat_lw
@@ -224,42 +199,65 @@ def m2po(log_w, seq_index, valid, *, tau: float = 0.04) -> Correction:
     return _result(valid, keep, torch.where(keep, torch.exp(log_w.detach()), 0.0), drop & (log_w < 0))
 
 
-CORRECTIONS: dict[str, Callable[..., Correction]] = {
-    "none": none, "tis": tis, "icepop": icepop, "seq_tis": seq_tis, "seq_mis": seq_mis, "m2po": m2po,
-}
-# name -> its parameters and their defaults (conf/correction/<name>.yaml holds the same).
-CORRECTION_PARAMS: dict[str, dict[str, float | None]] = {
-    "none": {"cap": None},
-    "tis": {"cap": 2.0},
-    "icepop": {"lo": 0.5, "hi": 2.0},
-    "seq_tis": {"cap": 2.0},
-    "seq_mis": {"lo": 0.5, "hi": 2.0},
-    "m2po": {"tau": 0.04},
-}
+def _lo_below_hi(values: Mapping[str, float | None]) -> None:
+    if not values["lo"] < values["hi"]:
+        raise ValueError(f"correction lo={values['lo']:g}, hi={values['hi']:g} is not allowed; lo must be < hi")
+
+
+def _positive(default: float | None, nullable: bool = False) -> Param:
+    return Param(default, lambda v: v > 0, "> 0", nullable=nullable, none_means="no cap")
+
+
+_BOUNDS = {"lo": Param(0.5, lambda v: v >= 0, ">= 0"), "hi": Param(2.0, lambda v: v > 0, "> 0")}
+
+
+@dataclass(frozen=True)
+class CorrectionSpec(Spec):
+    """A correction; `with_behave_anchor`: whether it means anything when pi_prox is the
+    behaviour policy itself (coupled PPO, w = 1 on every token): only `none` does."""
+
+    with_behave_anchor: bool = False
+
+
+CORRECTIONS = Registry("correction", (
+    CorrectionSpec("none", none, "w as is; with cap, tokens with w > cap are dropped",
+                   {"cap": _positive(None, nullable=True)}, with_behave_anchor=True),
+    CorrectionSpec("tis", tis, "token truncated IS: min(w, cap)", {"cap": _positive(2.0)}),
+    CorrectionSpec("icepop", icepop, "token mask: keep lo <= w <= hi", dict(_BOUNDS), _lo_below_hi),
+    CorrectionSpec("seq_tis", seq_tis, "sequence truncated IS: min(rho, cap)", {"cap": _positive(2.0)}),
+    CorrectionSpec("seq_mis", seq_mis, "sequence mask: keep lo <= rho <= hi", dict(_BOUNDS), _lo_below_hi),
+    CorrectionSpec("m2po", m2po, "drop the largest (log w)^2 until their mean is below tau", {"tau": _positive(0.04)}),
+))
 
 
 def check_correction(name: str, params: Mapping[str, float | None] | None = None) -> dict[str, float | None]:
-    """The parameters correction `name` takes, from `params` (a whole `cfg.correction` will do:
-    its `name` key is ignored), checked without running it: an unknown name, a key it does not
-    take (a typo never passes) or a value out of range is a ValueError naming it."""
-    if name not in CORRECTIONS:
-        raise ValueError(f"correction={name!r} is not allowed; allowed corrections: {sorted(CORRECTIONS)}")
-    given = {key: value for key, value in (params or {}).items() if key != "name"}
-    unknown = sorted(set(given) - set(CORRECTION_PARAMS[name]))
-    if unknown:
-        raise ValueError(f"correction {name!r} does not take {unknown}; its parameters: "
-                         f"{sorted(CORRECTION_PARAMS[name])}")
-    merged = {**CORRECTION_PARAMS[name], **given}
-    for key in ("cap", "tau"):
-        if merged.get(key) is not None:
-            _check_positive(key, merged[key])
-    if "lo" in merged:
-        _check_bounds(merged["lo"], merged["hi"])
-    return given
+    """Every parameter correction `name` takes (a whole `cfg.correction` will do), defaults
+    filled in, checked without running it: an unknown name, a key it does not take (a typo
+    never passes) or a value out of range is a ValueError naming it."""
+    return CORRECTIONS.lookup(name).check(params, "correction")
 
 
 def apply_correction(name: str, log_w: torch.Tensor, seq_index: torch.Tensor, valid: torch.Tensor,
                      params: Mapping[str, float | None] | None = None) -> Correction:
     """Check (`check_correction`), look up and run correction `name`."""
-    given = check_correction(name, params)
-    return CORRECTIONS[name](log_w, seq_index, valid, **given)
+    checked = check_correction(name, params)
+    return CORRECTIONS[name].fn(log_w, seq_index, valid, **checked)
+
+
+def check_combination(correction: str, method: str) -> None:
+    """ValueError (key, value and why) for a correction without meaning beside proximal method
+    `method` (a3po.maths.proximal.ALGOS): with the behaviour policy as the anchor (coupled PPO)
+    the behaviour weight pi_prox/pi_behave is exactly 1 on every token, so a correction of it
+    can only do nothing, or (a bound below 1) scale or drop every token alike. Every objective
+    combines with every correction: gspo clips the sequence ratio pi_theta/pi_prox while the
+    correction weights each token's pi_prox/pi_behave, two ratios AReaL also treats as
+    orthogonal (importance_sampling_level vs rejection_sampling.level)."""
+    spec, anchor = CORRECTIONS.lookup(correction), ALGOS.lookup(method).anchor
+    if anchor == "behave" and not spec.with_behave_anchor:
+        allowed = sorted(name for name, spec in CORRECTIONS.items() if spec.with_behave_anchor)
+        decoupled = [name for name, m in ALGOS.items() if m.anchor != "behave"]
+        raise ValueError(
+            f"correction={correction!r} is not allowed with algo={method} (coupled PPO): the behaviour weight "
+            f"pi_prox/pi_behave is exactly 1 there, so the correction has nothing to correct; use correction="
+            f"{'/'.join(allowed)}, or a decoupled method ({', '.join(decoupled)})"
+        )

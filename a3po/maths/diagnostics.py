@@ -18,7 +18,7 @@ import math
 import torch
 
 from a3po.maths.corrections import per_sequence_mean
-from a3po.maths.shapes import check_same_shape
+from a3po.maths.masked import check_same_shape
 
 __all__ = ["ess", "offpolicy_metrics", "LOG_RATIO_BOUND"]
 

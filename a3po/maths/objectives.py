@@ -3,7 +3,7 @@
 Each objective returns, per token, the loss term BEFORE the behaviour weight; a correction
 (a3po/maths/corrections.py) supplies that weight, and the loss is
 
-    loss = sum_t keep_t * weight_t * per_token_t / n_valid        (`policy_loss` below)
+    loss = sum_t keep_t * weight_t * per_token_t / n_valid        (a3po.maths.loss)
 
 The trust-region ratio is r_t = pi_theta(y_t) / pi_prox(y_t) = exp(logp - prox_logp), with
 prox_logp and the advantages detached. Every peer cited below applies its objective to
@@ -15,17 +15,15 @@ Nothing here syncs with the host.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Mapping
 
 import torch
 
-from a3po.maths.corrections import CORRECTIONS, Correction, sequence_mean
-from a3po.maths.shapes import check_same_shape
+from a3po.maths.corrections import sequence_mean
+from a3po.maths.masked import check_same_shape
+from a3po.maths.spec import Param, Registry, Spec
 
-__all__ = ["Objective", "OBJECTIVES", "PROX_METHODS", "compute_objective", "policy_loss", "check_combination", "check_clip"]
-
-# How a run obtains pi_prox (the values of `algo.prox` in conf/algo/*.yaml).
-PROX_METHODS = ("behave", "recompute", "loglinear", "linear")
+__all__ = ["Objective", "OBJECTIVES", "check_objective", "compute_objective"]
 # log r is clamped here before exp: exp(80) = 5.5e34 fits float32, so a ratio never overflows
 # to inf, whose backward through a dropped token (grad 0 * inf) would be NaN (prime-rl #2972).
 # Below the bound the clamp returns its input bit for bit, gradient included.
@@ -44,24 +42,8 @@ class Objective:
     ratio: torch.Tensor
 
 
-def _check(logp, prox_logp, advantages, seq_index, valid, eps_clip, eps_clip_higher, closed=False) -> float:
-    """Shapes and clip range; returns eps_high. closed: eps_clip = 1 (no lower bound) allowed."""
-    check_same_shape(logp=logp, prox_logp=prox_logp, advantages=advantages, seq_index=seq_index, valid=valid)
-    return _clip_range(eps_clip, eps_clip_higher, closed)
-
-
-def check_clip(objective: str, eps_clip, eps_clip_higher) -> None:
-    """The clip range objective `objective` accepts (cispo alone allows eps_clip = 1), at start."""
-    _clip_range(eps_clip, eps_clip_higher, closed=objective == "cispo")
-
-
-def _clip_range(eps_clip, eps_clip_higher, closed: bool) -> float:
-    numeric = isinstance(eps_clip, (int, float)) and not isinstance(eps_clip, bool)
-    if not (numeric and (0 < eps_clip < 1 or (closed and eps_clip == 1))):
-        raise ValueError(f"eps_clip={eps_clip!r} is not allowed; it must be in {'(0, 1]' if closed else '(0, 1)'}")
-    high_numeric = isinstance(eps_clip_higher, (int, float)) and not isinstance(eps_clip_higher, bool)
-    if eps_clip_higher is not None and not (high_numeric and eps_clip_higher > 0):
-        raise ValueError(f"eps_clip_higher={eps_clip_higher!r} is not allowed; it must be > 0 (or None)")
+def _upper(eps_clip: float, eps_clip_higher: float | None) -> float:
+    """The upper clip distance: eps_clip_higher, or eps_clip where it is None (symmetric)."""
     return float(eps_clip if eps_clip_higher is None else eps_clip_higher)
 
 
@@ -86,7 +68,8 @@ def ppo(logp, prox_logp, advantages, seq_index, valid, *, eps_clip: float,
     ppo_actor_loss overflows. clip_high is the part of that set with r > 1 (A > 0),
     clip_low the part with r < 1 (A < 0); together they are ppo_actor_loss's clip_mask.
     """
-    eps_high = _check(logp, prox_logp, advantages, seq_index, valid, eps_clip, eps_clip_higher)
+    check_same_shape(logp=logp, prox_logp=prox_logp, advantages=advantages, seq_index=seq_index, valid=valid)
+    eps_high = _upper(eps_clip, eps_clip_higher)
     mask = valid.bool()
     ratio = torch.where(mask, torch.exp(torch.clamp(logp - prox_logp.detach(), max=MAX_LOG_RATIO)), 0.0)
     return _clipped_surrogate(ratio, advantages.detach(), mask, eps_clip, eps_high)
@@ -108,7 +91,8 @@ def gspo(logp, prox_logp, advantages, seq_index, valid, *, eps_clip: float,
     tokens its rejection sampling kept; pass `keep` as valid for that). verl also clamps log s
     at 10; we clamp at MAX_LOG_RATIO like ppo, so one-token sequences give exactly ppo. ratio = s_i per token.
     """
-    eps_high = _check(logp, prox_logp, advantages, seq_index, valid, eps_clip, eps_clip_higher)
+    check_same_shape(logp=logp, prox_logp=prox_logp, advantages=advantages, seq_index=seq_index, valid=valid)
+    eps_high = _upper(eps_clip, eps_clip_higher)
     mask = valid.bool()
     log_s = sequence_mean((logp - prox_logp).detach(), seq_index, mask)
     # (logp - sg(logp)) first: an exact 0 in value, so the sum is exactly log s_i. Invalid
@@ -132,7 +116,8 @@ def cispo(logp, prox_logp, advantages, seq_index, valid, *, eps_clip: float,
     clip_low / clip_high: valid tokens with r outside the band, whatever the sign of A (the
     weight is clipped there; AReaL logs the same; TRL counts r > eps_high with A > 0 only).
     """
-    eps_high = _check(logp, prox_logp, advantages, seq_index, valid, eps_clip, eps_clip_higher, closed=True)
+    check_same_shape(logp=logp, prox_logp=prox_logp, advantages=advantages, seq_index=seq_index, valid=valid)
+    eps_high = _upper(eps_clip, eps_clip_higher)
     mask = valid.bool()
     ratio = torch.where(mask, torch.exp((logp - prox_logp).detach()), 0.0)
     clipped = torch.clamp(ratio, 1.0 - eps_clip, 1.0 + eps_high)
@@ -140,48 +125,34 @@ def cispo(logp, prox_logp, advantages, seq_index, valid, *, eps_clip: float,
     return Objective(per_token, mask & (ratio < 1.0 - eps_clip), mask & (ratio > 1.0 + eps_high), ratio)
 
 
-OBJECTIVES: dict[str, Callable[..., Objective]] = {"ppo": ppo, "gspo": gspo, "cispo": cispo}
+def _clip(default: float, closed: bool) -> Param:
+    if closed:  # cispo: eps_clip = 1 means no lower bound on the clipped weight
+        return Param(default, lambda v: 0.0 < v <= 1.0, "in (0, 1]")
+    return Param(default, lambda v: 0.0 < v < 1.0, "in (0, 1)")
 
 
-def compute_objective(name: str, logp, prox_logp, advantages, seq_index, valid, *, eps_clip: float,
-                      eps_clip_higher: float | None = None) -> Objective:
-    """Look up and run objective `name` (ValueError listing the allowed names otherwise)."""
-    if name not in OBJECTIVES:
-        raise ValueError(f"objective={name!r} is not allowed; allowed objectives: {sorted(OBJECTIVES)}")
-    return OBJECTIVES[name](logp, prox_logp, advantages, seq_index, valid,
-                            eps_clip=eps_clip, eps_clip_higher=eps_clip_higher)
+def _clip_higher(default: float | None) -> Param:
+    return Param(default, lambda v: v > 0.0, "> 0", nullable=True, none_means="eps_clip, a symmetric range")
 
 
-def policy_loss(objective: Objective, correction: Correction, valid: torch.Tensor) -> torch.Tensor:
-    """sum_t [keep_t] weight_t * per_token_t / max(1, n_valid), 0-dim.
+OBJECTIVES = Registry("objective", (
+    Spec("ppo", ppo, "PPO clip on r = pi_theta/pi_prox",
+         {"eps_clip": _clip(0.2, closed=False), "eps_clip_higher": _clip_higher(None)}),
+    Spec("gspo", gspo, "PPO clip on the sequence ratio exp(mean log r)",
+         {"eps_clip": _clip(3e-4, closed=False), "eps_clip_higher": _clip_higher(4e-4)}),
+    Spec("cispo", cispo, "-sg(clip(r)) A log pi: every token keeps a gradient",
+         {"eps_clip": _clip(1.0, closed=True), "eps_clip_higher": _clip_higher(4.0)}),
+))
 
-    `torch.where` on keep, not a product with it, so a dropped token whose per_token is inf
-    (r overflowed) adds exactly 0, never 0 * inf = NaN. With correction `none` and objective
-    `ppo` this is `ppo_actor_loss`'s loss bit for bit (same operations in the same order).
-    """
-    n_valid = valid.bool().sum().clamp(min=1)
-    return torch.where(correction.keep, objective.per_token * correction.weight, 0.0).sum() / n_valid
+
+def check_objective(name: str, params: Mapping[str, Any] | None = None) -> dict[str, float | None]:
+    """Every parameter objective `name` takes (a whole `cfg.objective` will do), defaults
+    filled in, checked; ValueError naming the key otherwise."""
+    return OBJECTIVES.lookup(name).check(params, "objective")
 
 
-def check_combination(objective: str, correction: str, prox_method: str) -> None:
-    """Raise ValueError (key, value and why) for a combination without meaning.
-
-    Unknown names are errors. The one meaningless combination: any correction other than
-    `none` with prox_method `behave` (coupled PPO). There pi_prox = pi_behave, so w = 1 on every
-    token and a correction of w can only do nothing, or (a bound below 1) scale or drop every
-    token alike. Every objective combines with every correction: gspo clips the sequence ratio
-    pi_theta/pi_prox while the correction weights each token's pi_prox/pi_behave, two ratios
-    AReaL also treats as orthogonal (importance_sampling_level vs rejection_sampling.level,
-    areal/utils/functional ppo_actor_loss_fn); cispo takes the same weight (AReaL cispo_loss_fn).
-    """
-    for key, value, allowed in (("objective", objective, sorted(OBJECTIVES)),
-                                ("correction", correction, sorted(CORRECTIONS)),
-                                ("prox_method", prox_method, list(PROX_METHODS))):
-        if value not in allowed:
-            raise ValueError(f"{key}={value!r} is not allowed; allowed: {allowed}")
-    if prox_method == "behave" and correction != "none":
-        raise ValueError(
-            f"correction={correction!r} is not allowed with prox_method='behave' (coupled PPO): the "
-            "behaviour weight pi_prox/pi_behave is exactly 1 there, so the correction has nothing to "
-            "correct; use correction=none, or a decoupled prox_method (recompute, loglinear, linear)"
-        )
+def compute_objective(name: str, logp, prox_logp, advantages, seq_index, valid,
+                      params: Mapping[str, Any] | None = None) -> Objective:
+    """Check (`check_objective`), look up and run objective `name`."""
+    checked = check_objective(name, params)
+    return OBJECTIVES[name].fn(logp, prox_logp, advantages, seq_index, valid, **checked)

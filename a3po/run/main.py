@@ -308,11 +308,7 @@ def _run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: DistInfo) -
                                          seed=cfg.seed)[0]  # the trainer's requires_grad flags: see HFCopyEngine
         engine = build_engine(cfg.rollout, rollout_policy, tokenizer, rollout_device, concurrent=concurrent,
                               interruptible=bool(cfg.runtime.get("interruptible", False)), precision=cfg.precision)
-    trainer = Trainer(policy, algo_cfg=cfg.algo, schedule_cfg=OmegaConf.to_container(cfg.schedule, resolve=True),
-                      train_cfg=cfg.train, temperature=cfg.rollout.temperature, pad_id=tokenizer.pad_token_id,
-                      device=device, timer=timer, correction_cfg=OmegaConf.to_container(cfg.correction, resolve=True),
-                      objective_cfg=OmegaConf.to_container(cfg.objective, resolve=True), dist=dist,
-                      precision=cfg.precision)
+    trainer = Trainer(policy, cfg, pad_id=tokenizer.pad_token_id, device=device, timer=timer, dist=dist)
     if dist.is_main:
         # Rollout in another thread times itself on a timer of its own (see build_runtime).
         producer = RolloutProducer(cfg, task, tokenizer, engine, PhaseTimer(rollout_device) if concurrent else timer)

@@ -61,6 +61,11 @@ EXTENSIBLE_KEY = "train.total_steps"
 # A key a run's config.yaml lacks because it was written before the key existed, compared as
 # the value that run actually used: every run before `precision` computed in float32 on a CPU.
 LEGACY_VALUES = {"precision": "fp32"}
+# Keys an older config.yaml holds that have moved, with their new home. The old key's value
+# was interpolated into the new home (conf/objective/ppo.yaml, conf/correction/none.yaml), or
+# unused beside another objective or correction, so the new home alone is compared.
+MOVED_KEYS = {"train.eps_clip": "objective.eps_clip", "train.eps_clip_higher": "objective.eps_clip_higher",
+              "train.behave_weight_cap": "correction.cap"}
 ON_CONFIG_CHANGE = ("error", "restart")
 FINISHED_MARKER = "finished.json"
 LOCK_FILE = ".lock"
@@ -98,7 +103,7 @@ def config_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[t
     old_flat, new_flat = flatten(old), flatten(new)
     diffs = []
     for key in sorted(set(old_flat) | set(new_flat)):
-        if _neutral(key):
+        if _neutral(key) or (key in MOVED_KEYS and key not in new_flat):
             continue
         before, after = old_flat.get(key, LEGACY_VALUES.get(key, "<absent>")), new_flat.get(key, "<absent>")
         if before == after or {before, after} == {"<absent>", None}:

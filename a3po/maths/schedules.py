@@ -1,0 +1,92 @@
+"""Alpha schedules: the weight A-3PO gives the current policy in its proximal anchor.
+
+Each schedule maps staleness d >= 1 (a float32 tensor) to the TARGET weight alpha; the
+behaviour weight is w_b(d) = 1 - alpha. d == 0 and prompt tokens never reach a schedule: they
+get alpha = 0 (the behaviour policy itself) in `target_weight`. Each function's first comment
+gives its w_b (docs/design.md, "Alpha schedules"). A new schedule is its function and its
+`Spec` in `SCHEDULES` below, plus `conf/schedule/<name>.yaml`.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from a3po.maths.spec import Param, Registry, Spec
+
+__all__ = ["SCHEDULES", "target_weight", "validate_schedule"]
+
+
+def inverse(staleness: torch.Tensor) -> torch.Tensor:
+    # w_b = 1/d (alpha = (d-1)/d; the A-3PO default).
+    # Written as (d - 1) / d rather than 1 - 1/d: the same float32 rounding as AReaL's
+    # (v_prox - v_behave) / (v_theta - v_behave), whose operands equal d - 1 and d exactly.
+    return (staleness - 1.0) / staleness
+
+
+def inverse_sqrt(staleness: torch.Tensor) -> torch.Tensor:
+    # w_b = 1/sqrt(d)
+    return 1.0 - torch.rsqrt(staleness)
+
+
+def exponential(staleness: torch.Tensor, gamma: float) -> torch.Tensor:
+    # w_b = gamma^(d-1)
+    return 1.0 - torch.pow(torch.as_tensor(gamma, dtype=staleness.dtype), staleness - 1.0)
+
+
+def linear_decay(staleness: torch.Tensor, horizon: float) -> torch.Tensor:
+    # w_b = max(0, 1 - (d-1)/horizon)
+    return 1.0 - torch.clamp(1.0 - (staleness - 1.0) / horizon, min=0.0)
+
+
+def constant(staleness: torch.Tensor, c: float) -> torch.Tensor:
+    # w_b = c
+    return torch.full_like(staleness, 1.0 - c)
+
+
+def behave(staleness: torch.Tensor) -> torch.Tensor:
+    # w_b = 1: anchor on the behaviour policy.
+    return torch.zeros_like(staleness)
+
+
+def target(staleness: torch.Tensor) -> torch.Tensor:
+    # w_b = 0: anchor on the detached current policy.
+    return torch.ones_like(staleness)
+
+
+SCHEDULES = Registry("schedule", (
+    Spec("inverse", inverse, "w_b = 1/d: AReaL's anchor one version behind the current policy"),
+    Spec("inverse_sqrt", inverse_sqrt, "w_b = 1/sqrt(d)"),
+    Spec("exponential", exponential, "w_b = gamma^(d-1)",
+         {"gamma": Param(0.5, lambda v: 0.0 < v <= 1.0, "in (0, 1]")}),
+    Spec("linear_decay", linear_decay, "w_b = max(0, 1 - (d-1)/horizon)",
+         {"horizon": Param(8.0, lambda v: v >= 1.0, ">= 1")}),
+    Spec("constant", constant, "w_b = c",
+         {"c": Param(0.5, lambda v: 0.0 <= v <= 1.0, "in [0, 1]")}),
+    Spec("behave", behave, "w_b = 1: the behaviour policy"),
+    Spec("target", target, "w_b = 0: the detached current policy"),
+))
+
+
+def validate_schedule(schedule: str, schedule_params: Mapping[str, float] | None, where: str = "schedule"
+                      ) -> dict[str, float]:
+    """Check a schedule name and its parameters (a whole `cfg.schedule` will do); return every
+    parameter it takes, defaults filled in. ValueError naming the key otherwise."""
+    return SCHEDULES.lookup(schedule).check(schedule_params, where)
+
+
+def target_weight(
+    versions: torch.Tensor, current_version: int, schedule: str = "inverse", **schedule_params
+) -> torch.Tensor:
+    """Per-token alpha (float32): 0 for prompt/padding (version < 0) and fresh tokens (d <= 0)."""
+    params = validate_schedule(schedule, schedule_params)
+    if versions.dtype.is_floating_point or versions.dtype == torch.bool:
+        raise ValueError(f"versions must be an integer tensor, got dtype {versions.dtype}")
+    staleness = float(current_version) - versions.float()
+    interpolate = (staleness > 0) & (versions >= 0)
+    # Fill the non-interpolated entries with 1 before calling the schedule so that no
+    # division by zero (and no NaN gradient or warning) ever happens, then mask them to 0.
+    safe = torch.where(interpolate, staleness, torch.ones_like(staleness))
+    alpha = torch.where(interpolate, SCHEDULES[schedule].fn(safe, **params), 0.0)
+    return torch.clamp(alpha, 0.0, 1.0)

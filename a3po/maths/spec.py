@@ -1,0 +1,125 @@
+"""One typed spec per ablation axis: what a choice computes, the parameters it takes (with
+their defaults and ranges) and how it is named.
+
+Each axis (alpha schedules, proximal methods, corrections, objectives) keeps its choices in a
+`Registry` of `Spec`s beside their functions. Config validation, the trainer, run names,
+analysis labels and the benchmark all read that registry, so adding a choice is one Python
+definition (its function and its `Spec`) plus its `conf/<axis>/<name>.yaml`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping
+
+__all__ = ["Param", "Spec", "Registry", "number", "label"]
+
+
+def number(key: str, value: Any) -> float:
+    """`value` as a float; ValueError naming `key` for a bool, a non-number or NaN."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ValueError(f"{key}={value!r} is not a number")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Param:
+    """A numeric parameter: its default, the predicate its values satisfy and that predicate
+    in words (`in (0, 1]`). `nullable`: None is allowed too, meaning `none_means`."""
+
+    default: float | None
+    allowed: Callable[[float], bool]
+    describe: str
+    nullable: bool = False
+    none_means: str = ""
+
+    def check(self, key: str, value: Any) -> float | None:
+        """The checked value; ValueError naming `key`, the value and what is allowed."""
+        if value is None and self.nullable:
+            return None
+        value = number(key, value)
+        if not self.allowed(value):
+            allowed = self.describe + (f", or null ({self.none_means})" if self.nullable else "")
+            raise ValueError(f"{key}={value:g} is not allowed; it must be {allowed}")
+        return value
+
+
+def _fmt(value: Any) -> str:
+    return f"{float(value):g}"
+
+
+def label(name: str, values: Mapping[str, Any]) -> str:
+    """`icepop0.5_2`, `exponential0.5`, `tis2`, `none`: the name, then every numeric value
+    (`%g`, joined by `_`, in the spec's order). Run names and analysis labels use it."""
+    numeric = [_fmt(v) for v in values.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return name + "_".join(numeric)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One choice on one axis. `fn` is what the trainer calls with the checked parameters as
+    keyword arguments; `params` are those parameters in order; `check_together` checks a
+    relation between them (lo < hi). An axis that needs more (a proximal method's anchor)
+    subclasses it with typed fields."""
+
+    name: str
+    fn: Callable[..., Any] | None
+    summary: str
+    params: Mapping[str, Param] = field(default_factory=dict)
+    check_together: Callable[[Mapping[str, float | None]], None] | None = None
+
+    def defaults(self) -> dict[str, float | None]:
+        return {key: param.default for key, param in self.params.items()}
+
+    def check(self, given: Mapping[str, Any] | None, where: str) -> dict[str, float | None]:
+        """Every parameter of this choice: `given` (a whole config group will do: `name` is
+        ignored) over the defaults, checked. ValueError naming `<where>.<key>` for a key this
+        choice does not take (a typo never passes) or a value out of range."""
+        given = {key: value for key, value in (given or {}).items() if key != "name"}
+        unknown = sorted(set(given) - set(self.params))
+        if unknown:
+            raise ValueError(f"{where}={self.name} does not take {unknown}; its parameters: {list(self.params)}")
+        values = {key: param.check(f"{where}.{key}", given.get(key, param.default))
+                  for key, param in self.params.items()}
+        if self.check_together is not None:
+            self.check_together(values)
+        return values
+
+    def label(self, given: Mapping[str, Any] | None = None) -> str:
+        """The name with this choice's parameter values (defaults filled in)."""
+        return label(self.name, {**self.defaults(), **{k: v for k, v in (given or {}).items() if k in self.params}})
+
+
+class Registry(Mapping[str, Spec]):
+    """The choices of one axis, in the order they were registered. `lookup` fails with the key
+    and the allowed names; `register` adds a choice (a plug-in, or a test's toy one)."""
+
+    def __init__(self, axis: str, specs: tuple[Spec, ...] = ()) -> None:
+        self.axis = axis
+        self._specs: dict[str, Spec] = {}
+        for spec in specs:
+            self.register(spec)
+
+    def register(self, spec: Spec) -> Spec:
+        if spec.name in self._specs:
+            raise ValueError(f"{self.axis} {spec.name!r} is registered already")
+        self._specs[spec.name] = spec
+        return spec
+
+    def unregister(self, name: str) -> None:
+        del self._specs[name]
+
+    def lookup(self, name: Any) -> Spec:
+        if name not in self._specs:
+            raise ValueError(f"{self.axis}={name!r} is not allowed; allowed: {sorted(self._specs)}")
+        return self._specs[name]
+
+    def __getitem__(self, name: str) -> Spec:
+        return self._specs[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
