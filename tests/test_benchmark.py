@@ -12,9 +12,10 @@ import torch
 
 from a3po.batch import Sample
 from a3po.benchmark import DEFAULT_ALGOS, main
-from a3po.benchmark.harness import TrafficCounter, summarize
+from a3po.benchmark.cli import build_parser, options_from
+from a3po.benchmark.harness import CpuClock, TrafficCounter, Variant, measure, summarize
 from a3po.benchmark.report import DOCS_HEADER, append_to_docs
-from a3po.benchmark.workload import TrainingState, algo_label, padding_stats, parse_algo
+from a3po.benchmark.workload import StartState, algo_label, padding_stats, parse_algo
 
 from conftest import REPO
 
@@ -172,21 +173,56 @@ def test_padding_stats_counts_count_times_longest():
     assert stats["padding_waste"] == pytest.approx(1 - 20 / 24)
 
 
-def test_training_state_restores_weights_and_optimizer_in_place():
+def test_start_state_restores_weights_in_place_and_drops_optimizer_state():
     model = torch.nn.Linear(3, 2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
-    model(torch.ones(1, 3)).sum().backward()
-    optimizer.step()
-    state = TrainingState(model, optimizer)
-    weight, moment = model.weight.detach().clone(), optimizer.state[model.weight]["exp_avg"].clone()
-    live_moment = optimizer.state[model.weight]["exp_avg"]
+    state = StartState(model, optimizer)
+    weight, live_weight = model.weight.detach().clone(), model.weight
     for _ in range(2):
         model(torch.ones(1, 3)).sum().backward()
         optimizer.step()
+    assert not torch.equal(model.weight, weight) and optimizer.state
     state.restore()
-    assert torch.equal(model.weight, weight)
-    assert optimizer.state[model.weight]["exp_avg"] is live_moment and torch.equal(live_moment, moment)
-    assert model.weight.grad is None
+    assert model.weight is live_weight and torch.equal(model.weight, weight)
+    assert not optimizer.state and model.weight.grad is None
+
+
+def test_measure_times_one_call_after_each_setup_unless_blocked():
+    """A variant that is not blocked is one call after its `before` (a restored state); a
+    blocked one runs in blocks of as many calls as the Timer picks, and reports per call."""
+    calls = {"since_before": 0}
+
+    def before():
+        calls["since_before"] = 0
+
+    def run():
+        calls["since_before"] += 1
+
+    once = measure(Variant("once", "step", run, before=before, after=lambda: dict(calls)), min_run_time=0.01)
+    assert once["since_before"] == 1 and once["inner"] == 1.0
+    assert once["seconds"] > 0 and once["cpu_seconds"] >= 0
+    blocked = measure(Variant("blocked", "kernel", run, blocked=True), min_run_time=0.01)
+    assert blocked.keys() == {"seconds", "cpu_seconds", "inner"} and blocked["inner"] >= 1
+    assert blocked["inner"] == int(blocked["inner"]) and blocked["seconds"] > 0
+
+
+def test_cpu_clock_pairs_its_readings_into_blocks():
+    clock = CpuClock()
+    clock.readings = [0.0, 1.0, 5.0, 7.0, 7.5, 10.0]
+    assert clock.block_seconds(2) == [2.0, 2.5] and clock.block_seconds(3) == [1.0, 2.0, 2.5]
+    assert clock() > 0 and len(clock.readings) == 7
+
+
+def test_command_line_flags_are_the_options():
+    args = build_parser().parse_args(["model=tiny", "--no-rollout", "--kernel-tokens", "64,128", "--algos",
+                                      "coupled,loglinear:exponential", "--min-kernel-seconds", "0.5"])
+    options = options_from(args)
+    assert args.overrides == ["model=tiny"] and not options.rollout and options.progress
+    assert options.kernel_tokens == (64, 128) and options.algos == ("coupled", "loglinear:exponential")
+    assert options.min_kernel_seconds == 0.5 and options.optimizer_kernels
+    for bad in (["--reps", "0"], ["--threads", "0"]):
+        with pytest.raises(SystemExit, match="must be >= 1"):
+            options_from(build_parser().parse_args(bad))
 
 
 def test_entry_point_is_thin_and_documents_overrides(capsys, monkeypatch):
@@ -200,9 +236,9 @@ def test_entry_point_is_thin_and_documents_overrides(capsys, monkeypatch):
 
 
 def test_approximation_runs_no_forward_and_a_nan_still_raises():
-    """The approximation probe (the trainer's per-micro-batch call) allocates nothing larger
-    than the token count and calls no module; a NaN behaviour log-prob raises there, and in
-    the trainer's step before the weights change."""
+    """The approximation probe (the trainer's per-micro-batch calls and its per-minibatch
+    check) allocates nothing larger than the token count and calls no module; a NaN
+    behaviour log-prob raises there, and in the trainer's step before the weights change."""
     from a3po.benchmark.probes import approximate_step
     from a3po.benchmark.workload import compose, make_trainer, synthetic_batch
     from a3po.models import load_policy
@@ -213,22 +249,22 @@ def test_approximation_runs_no_forward_and_a_nan_still_raises():
     policy, tokenizer = load_policy(cfg.model, seed=0)
     trainer = make_trainer(cfg, policy, tokenizer, "loglinear", "inverse", torch.device("cpu"), PhaseTimer())
     batch = synthetic_batch(trainer, vocab_size=policy.config.vocab_size, n_prompts=2, n_samples=2, prompt_len=8,
-                            response_len=6, length_spread=0.5, staleness=2, version=3, token_budget=32, seed=0)
+                            response_len=6, length_spread=0.5, staleness=2, version=3, seed=0)
     plans = trainer.plan(batch.samples, torch.Generator().manual_seed(0))
     assert len(plans[0]) > 1  # several micro-batches
-    micro_inputs = [(torch.cat([batch.samples[i].behave_logp for i in micro]),
+    minibatches = [[(torch.cat([batch.samples[i].behave_logp for i in micro]),
                      torch.cat([batch.samples[i].behave_logp for i in micro]) - 0.1,
-                     torch.cat([batch.samples[i].versions for i in micro])) for micro in plans[0]]
+                     torch.cat([batch.samples[i].versions for i in micro])) for micro in plan] for plan in plans]
     forwards = []
     policy.register_forward_pre_hook(lambda *args: forwards.append(1))
-    largest_micro = max(behave.numel() for behave, _, _ in micro_inputs)
+    largest_micro = max(behave.numel() for plan in minibatches for behave, _, _ in plan)
     with TrafficCounter() as traffic:
-        approximate_step(micro_inputs, 3, method="loglinear", schedule="inverse", schedule_params={})
+        approximate_step(trainer, minibatches, 3)
     assert not forwards and 0 < traffic.largest <= largest_micro
 
-    micro_inputs[-1][0][0] = float("nan")
+    minibatches[-1][-1][0][0] = float("nan")
     with pytest.raises(ValueError, match="non-finite"):
-        approximate_step(micro_inputs, 3, method="loglinear", schedule="inverse", schedule_params={})
+        approximate_step(trainer, minibatches, 3)
     batch.samples[-1].behave_logp[0] = float("nan")
     before = [p.detach().clone() for p in policy.parameters()]
     with pytest.raises(ValueError, match="non-finite"):

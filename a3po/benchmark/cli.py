@@ -1,20 +1,26 @@
-"""The command line: Hydra overrides of the training config as positional arguments, the
-benchmark's own options as flags; writes the report under --out, and appends it to
+"""The command line and one run: Hydra overrides of the training config as positional
+arguments, `BenchmarkOptions` as flags; the report goes under --out, and into
 docs/benchmarks.md only when asked (--append-docs)."""
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import shlex
 import sys
+import time
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+from omegaconf import DictConfig
 
+from a3po.benchmark.derive import derive
+from a3po.benchmark.harness import interleaved, load_average, machine_info, summarize_results
+from a3po.benchmark.probes import all_variants, approximation_traffic
 from a3po.benchmark.report import append_to_docs, render_markdown, write_report
-from a3po.benchmark.run import run_benchmark
-from a3po.benchmark.workload import REPO, BenchmarkOptions, compose
+from a3po.benchmark.workload import REPO, BenchmarkOptions, batch_info, build_workload, compose, model_info
 
 DOCS_PATH = REPO / "docs" / "benchmarks.md"
 
@@ -30,64 +36,66 @@ experiments/benchmark.py ...) and compare the two reports. The two runs are not 
 on a shared machine alternate them or compare CPU times."""
 
 
-def _csv(value: str) -> tuple[str, ...]:
-    return tuple(item for item in value.split(",") if item)
-
-
-def _ints(value: str) -> tuple[int, ...]:
-    return tuple(int(item) for item in value.split(",") if item)
+def _comma_separated(kind: type):
+    def parse(value: str) -> tuple:
+        return tuple(kind(item) for item in value.split(",") if item)
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """A flag per `BenchmarkOptions` field (`--no-<name>` for a switch that defaults on), and
+    the flags of the command itself."""
     parser = argparse.ArgumentParser(
         description="Time recompute vs A-3PO approximations, the training step per algo and the rollout.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    defaults = BenchmarkOptions()
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides (model=..., train.*=..., staleness=..., device=...)")
-    parser.add_argument("--prompt-len", type=int, default=defaults.prompt_len)
-    parser.add_argument("--response-len", type=int, default=defaults.response_len, help="longest response")
-    parser.add_argument("--length-spread", type=float, default=defaults.length_spread,
-                        help="responses are uniform in [(1 - spread) * response_len, response_len]")
-    parser.add_argument("--reps", type=int, default=defaults.reps)
-    parser.add_argument("--warmup", type=int, default=defaults.warmup)
-    parser.add_argument("--algos", type=_csv, default=defaults.algos,
-                        help="comma-separated; algo or algo:schedule (e.g. loglinear:exponential)")
-    parser.add_argument("--approx-methods", type=_csv, default=defaults.approx_methods)
-    parser.add_argument("--approx-schedules", type=_csv, default=defaults.approx_schedules)
-    parser.add_argument("--kernel-tokens", type=_ints, default=defaults.kernel_tokens,
-                        help="flat sizes for the bandwidth-floor comparison")
-    parser.add_argument("--bandwidth-mib", type=int, default=defaults.bandwidth_mib)
-    parser.add_argument("--min-kernel-seconds", type=float, default=defaults.min_kernel_seconds)
+    parser.add_argument("overrides", nargs="*",
+                        help="Hydra overrides (model=..., train.*=..., staleness=..., device=...)")
+    for option in fields(BenchmarkOptions):
+        flag, help_text = "--" + option.name.replace("_", "-"), option.metadata.get("help")
+        if isinstance(option.default, bool):
+            parser.add_argument("--no-" + flag[2:], dest=option.name, action="store_false", help=help_text)
+        elif isinstance(option.default, tuple):
+            parser.add_argument(flag, type=_comma_separated(type(option.default[0])), default=option.default,
+                                help=help_text or "comma-separated")
+        else:
+            parser.add_argument(flag, type=type(option.default), default=option.default, help=help_text)
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads; on a CPU shared with other jobs 1 is often fastest, "
                              "as OpenMP threads that wait on each other at every barrier lose their core")
-    parser.add_argument("--no-rollout", action="store_true")
-    parser.add_argument("--no-optimizer-kernels", action="store_true",
-                        help="skip timing AdamW default vs fused (saves two sets of Adam moments of memory)")
-    parser.add_argument("--label", default="", help="appended to the report's heading, e.g. 'before: ...'")
     parser.add_argument("--out", type=Path, default=None, help="output dir (default outputs/benchmark/<shape>)")
     parser.add_argument("--append-docs", action="store_true",
                         help="also append the report as a section of --docs (a tracked file; off by default)")
     parser.add_argument("--docs", type=Path, default=DOCS_PATH, help="markdown file --append-docs appends to")
-    parser.add_argument("--no-progress", action="store_true")
     return parser
 
 
 def options_from(args: argparse.Namespace) -> BenchmarkOptions:
-    options = BenchmarkOptions(
-        prompt_len=args.prompt_len, response_len=args.response_len, length_spread=args.length_spread,
-        reps=args.reps, warmup=args.warmup, algos=args.algos, approx_methods=args.approx_methods,
-        approx_schedules=args.approx_schedules, kernel_tokens=args.kernel_tokens, rollout=not args.no_rollout,
-        min_kernel_seconds=args.min_kernel_seconds, bandwidth_mib=args.bandwidth_mib, label=args.label,
-        progress=not args.no_progress, optimizer_kernels=not args.no_optimizer_kernels)
-    if options.reps < 1:
-        raise SystemExit(f"--reps={options.reps} is not allowed; it must be >= 1")
-    if args.threads is not None and args.threads < 1:
-        raise SystemExit(f"--threads={args.threads} is not allowed; it must be >= 1")
-    return options
+    for flag in ("reps", "threads"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise SystemExit(f"--{flag}={getattr(args, flag)} is not allowed; it must be >= 1")
+    return BenchmarkOptions(**{option.name: getattr(args, option.name) for option in fields(BenchmarkOptions)})
 
 
-def default_out_dir(cfg, report: dict[str, Any]) -> Path:
+def run_benchmark(cfg: DictConfig, options: BenchmarkOptions, *, command: str = "") -> dict[str, Any]:
+    """Build the model, the batch and every variant; measure; return the report dict (what
+    benchmark.json holds)."""
+    w = build_workload(cfg, options)
+    variants, kernel_inputs = all_variants(w)
+    load_start, started = load_average(), time.perf_counter()
+    samples = interleaved(variants, reps=options.reps, warmup=options.warmup,
+                          min_run_time=options.min_kernel_seconds, progress=options.progress)
+    elapsed = time.perf_counter() - started
+    report = {"command": command, "label": options.label,
+              "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+              "machine": {**machine_info(w.device), "load_average_start": load_start,
+                          "load_average_end": load_average()},
+              "model": model_info(w), "options": asdict(options), "batch": batch_info(w),
+              "elapsed_s": elapsed, "results": summarize_results(variants, samples)}
+    report["derived"] = derive(report, w.device, approximation_traffic(kernel_inputs, w.version))
+    return report
+
+
+def default_out_dir(cfg: DictConfig, report: dict[str, Any]) -> Path:
     b = report["batch"]
     return Path(cfg.output_root) / "benchmark" / (
         f"{cfg.model.name}-{b['n_prompts']}x{b['n_samples']}-p{b['prompt_len']}-r{b['response_len_max']}")

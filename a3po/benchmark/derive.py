@@ -11,14 +11,8 @@ import torch
 # Dense bf16 tensor-core peaks (vendor datasheets), matched against torch.cuda.get_device_name
 # in this order, so the more specific names come first.
 PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
-    ("H100 PCIe", 756e12),
-    ("H100 NVL", 835e12),
-    ("H100", 989e12),  # SXM
-    ("H200", 989e12),
-    ("GH200", 989e12),
-    ("B200", 2250e12),
-    ("A100", 312e12),
-    ("L40S", 362e12),
+    ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12),  # the last: SXM
+    ("H200", 989e12), ("GH200", 989e12), ("B200", 2250e12), ("A100", 312e12), ("L40S", 362e12),
 )
 
 
@@ -28,10 +22,7 @@ def peak_flops(device: torch.device, precision: str = "bf16") -> float | None:
     if device.type != "cuda" or precision != "bf16":
         return None
     name = torch.cuda.get_device_name(device)
-    for key, flops in PEAK_BF16_FLOPS:
-        if key in name:
-            return flops
-    return None
+    return next((flops for key, flops in PEAK_BF16_FLOPS if key in name), None)
 
 
 def median(report: dict, name: str, key: str = "seconds") -> float | None:
@@ -39,62 +30,58 @@ def median(report: dict, name: str, key: str = "seconds") -> float | None:
     return entry[key]["median"] if entry and key in entry else None
 
 
+def first(report: dict, prefix: str) -> dict | None:
+    """The first result whose name starts with `prefix` (kernel names end in their size)."""
+    return next((entry for name, entry in report["results"].items() if name.startswith(prefix)), None)
+
+
 def prox_ratios(report: dict) -> dict[str, float]:
-    prox_recompute, prox_loglinear = median(report, "prox/recompute"), median(report, "prox/loglinear-inverse")
-    if not (prox_recompute and prox_loglinear):
+    recompute, loglinear = report["results"].get("prox/recompute"), report["results"].get("prox/loglinear-inverse")
+    if not (recompute and loglinear):
         return {}
-    return {"prox_ratio_recompute_over_loglinear": prox_recompute / prox_loglinear,
-            "prox_ratio_recompute_over_loglinear_cpu": (median(report, "prox/recompute", "cpu_seconds")
-                                                        / median(report, "prox/loglinear-inverse", "cpu_seconds"))}
+    return {f"prox_ratio_recompute_over_loglinear{suffix}": recompute[key]["median"] / loglinear[key]["median"]
+            for suffix, key in (("", "seconds"), ("_cpu", "cpu_seconds"))}
 
 
 def step_ratios(report: dict) -> dict[str, float]:
-    """recompute / loglinear step time (wall, paired per round, min / min, CPU), and its
-    ceiling T_step / (T_step - T_prox) had the approximation cost nothing."""
-    results, out = report["results"], {}
-    step_recompute, step_loglinear = median(report, "step/recompute"), median(report, "step/loglinear")
-    prox_recompute = median(report, "prox/recompute")
-    if step_recompute and step_loglinear:
-        out["step_ratio_recompute_over_loglinear"] = step_recompute / step_loglinear
-        out["step_time_saved_fraction"] = 1.0 - step_loglinear / step_recompute
-        # Paired: the two steps of one round ran a minute apart at most, so slow load drift
-        # cancels in their ratio.
-        paired = [r["seconds"] / l["seconds"] for r, l in zip(results["step/recompute"]["raw"],
-                                                               results["step/loglinear"]["raw"])]
-        out["step_ratio_paired_median"] = statistics.median(paired)
-        out["step_ratio_min_over_min"] = (results["step/recompute"]["seconds"]["min"]
-                                          / results["step/loglinear"]["seconds"]["min"])
-        cpu_recompute = median(report, "step/recompute", "cpu_seconds")
-        out["step_ratio_recompute_over_loglinear_cpu"] = cpu_recompute / median(report, "step/loglinear", "cpu_seconds")
-        if prox_recompute:
-            prox_cpu = median(report, "prox/recompute", "cpu_seconds")
-            out["step_ratio_ceiling_cpu"] = cpu_recompute / (cpu_recompute - prox_cpu)
-            out["step_ratio_over_ceiling_cpu"] = (out["step_ratio_recompute_over_loglinear_cpu"]
-                                                  / out["step_ratio_ceiling_cpu"])
-    if step_recompute:
-        prox_in_step = median(report, "step/recompute", "prox_logp")
-        out["prox_in_step_recompute_s"] = prox_in_step
-        out["step_ratio_ceiling"] = step_recompute / (step_recompute - prox_in_step)
-        if "step_ratio_recompute_over_loglinear" in out:
-            out["step_ratio_over_ceiling"] = out["step_ratio_recompute_over_loglinear"] / out["step_ratio_ceiling"]
-    if step_loglinear:
-        out["prox_in_step_loglinear_s"] = median(report, "step/loglinear", "prox_logp")
+    """recompute / loglinear step time (wall medians, paired per round, min / min, CPU), and
+    its ceiling T_step / (T_step - T_prox): the ratio had the approximation cost nothing."""
+    recompute, loglinear = report["results"].get("step/recompute"), report["results"].get("step/loglinear")
+    out: dict[str, float] = {}
+    if loglinear:
+        out["prox_in_step_loglinear_s"] = loglinear["prox_logp"]["median"]
+    if not recompute:
+        return out
+    step, prox = recompute["seconds"]["median"], recompute["prox_logp"]["median"]
+    out.update(prox_in_step_recompute_s=prox, step_ratio_ceiling=step / (step - prox))
+    if not loglinear:
+        return out
+    ratio = step / loglinear["seconds"]["median"]
+    cpu_step, prox_cpu = recompute["cpu_seconds"]["median"], median(report, "prox/recompute", "cpu_seconds")
+    out.update(step_ratio_recompute_over_loglinear=ratio, step_time_saved_fraction=1.0 - 1.0 / ratio,
+               step_ratio_over_ceiling=ratio / out["step_ratio_ceiling"],
+               # Paired: the two steps of one round ran minutes apart at most, so slow load drift cancels.
+               step_ratio_paired_median=statistics.median(
+                   r["seconds"] / l["seconds"] for r, l in zip(recompute["raw"], loglinear["raw"])),
+               step_ratio_min_over_min=recompute["seconds"]["min"] / loglinear["seconds"]["min"],
+               step_ratio_recompute_over_loglinear_cpu=cpu_step / loglinear["cpu_seconds"]["median"])
+    if prox_cpu:
+        ceiling = cpu_step / (cpu_step - prox_cpu)
+        out.update(step_ratio_ceiling_cpu=ceiling,
+                   step_ratio_over_ceiling_cpu=out["step_ratio_recompute_over_loglinear_cpu"] / ceiling)
     return out
 
 
 def kernel_ratios(report: dict) -> dict[str, Any]:
     """AdamW default / fused, and what the entropy adds to the vocabulary log-prob pass."""
-    results, out = report["results"], {}
-    adamw = {name.split("@")[0].removeprefix("kernel/adamw_"): entry for name, entry in results.items()
-             if name.startswith("kernel/adamw_")}
-    if "default" in adamw and "fused" in adamw:
-        out["adamw_fused_speedup"] = {key: adamw["default"][key]["median"] / adamw["fused"][key]["median"]
+    out: dict[str, Any] = {}
+    default, fused = first(report, "kernel/adamw_default@"), first(report, "kernel/adamw_fused@")
+    if default and fused:
+        out["adamw_fused_speedup"] = {key: default[key]["median"] / fused[key]["median"]
                                       for key in ("seconds", "cpu_seconds")}
-    plain = next((e["seconds"]["median"] for n, e in results.items() if n.startswith("kernel/logprobs@")), None)
-    with_entropy = next((e["seconds"]["median"] for n, e in results.items()
-                         if n.startswith("kernel/logprobs+entropy@")), None)
+    plain, with_entropy = first(report, "kernel/logprobs@"), first(report, "kernel/logprobs+entropy@")
     if plain and with_entropy:
-        out["entropy_extra_s"] = with_entropy - plain
+        out["entropy_extra_s"] = with_entropy["seconds"]["median"] - plain["seconds"]["median"]
     return out
 
 
@@ -110,8 +97,8 @@ def forward_flops(model: dict, batch: dict) -> float:
 
 
 def measured_peak(report: dict) -> dict[str, Any] | None:
-    """The matmul probe's rate (FLOP/s at its median and at its best repetition)."""
-    entry = next((e for n, e in report["results"].items() if n.startswith("kernel/matmul_")), None)
+    """The matmul probe's rate (FLOP/s at its median and at its best repetition, and per CPU second)."""
+    entry = first(report, "kernel/matmul_")
     if not entry:
         return None
     flops = entry["info"]["flops"]
@@ -120,35 +107,35 @@ def measured_peak(report: dict) -> dict[str, Any] | None:
             "flops_per_cpu_s": flops / entry["cpu_seconds"]["median"]}
 
 
+def rate(flops: float, tokens: int, seconds: float, probe: dict | None, peak: float | None,
+         cpu_seconds: float | None = None) -> dict[str, float]:
+    """Tokens/s and FLOP/s of one measured figure, with MFU against the measured matmul peak
+    (per CPU second too: what survives a shared machine) and, where known, the nominal peak."""
+    row = {"tokens_per_s": tokens / seconds, "model_flops": flops, "flops_per_s": flops / seconds}
+    if probe:
+        row["mfu_measured_peak"] = flops / seconds / probe["flops_per_s"]
+        if cpu_seconds:
+            row["mfu_measured_peak_cpu"] = flops / cpu_seconds / probe["flops_per_cpu_s"]
+    if peak:
+        row["mfu"] = flops / seconds / peak
+    return row
+
+
 def throughput(report: dict, peak: float | None) -> dict[str, dict[str, float]]:
-    """Tokens/s and achieved FLOP/s per step (forward + backward = 3 forwards, plus one for
-    recompute's no-grad forward) and of the recompute forward alone, with MFU against the
-    measured matmul peak and, where known, the device's nominal peak."""
-    tokens, out = report["batch"]["tokens"], {}
-    forward = forward_flops(report["model"], report["batch"])
-    probe = measured_peak(report)
-
-    def row(flops: float, seconds: float, cpu_seconds: float | None = None) -> dict[str, float]:
-        result = {"tokens_per_s": tokens / seconds, "model_flops": flops, "flops_per_s": flops / seconds}
-        if probe:
-            result["mfu_measured_peak"] = flops / seconds / probe["flops_per_s"]
-            if cpu_seconds:  # per CPU second, against the probe's: what survives a shared machine
-                result["mfu_measured_peak_cpu"] = flops / cpu_seconds / probe["flops_per_cpu_s"]
-        if peak:
-            result["mfu"] = flops / seconds / peak
-        return result
-
+    """Per step (forward + backward = 3 forwards, plus one for recompute's no-grad forward),
+    per step's train phase (forward + backward of every micro-batch, and AdamW), and of the
+    recompute forward alone."""
+    tokens, probe = report["batch"]["tokens"], measured_peak(report)
+    forward, out = forward_flops(report["model"], report["batch"]), {}
     for name, entry in report["results"].items():
         if entry["kind"] == "step":
-            recomputes = name.split("@")[0] == "step/recompute"
-            out[name] = row(3 * forward + (forward if recomputes else 0.0), entry["seconds"]["median"],
-                            entry["cpu_seconds"]["median"])
-            train_s = entry.get("train", {}).get("median") if isinstance(entry.get("train"), dict) else None
-            if train_s:  # the train phase alone: forward + backward of every micro-batch, and AdamW
-                out[f"{name}/train_phase"] = row(3 * forward, train_s)
-    prox_recompute = median(report, "prox/recompute")
-    if prox_recompute:
-        out["prox/recompute"] = row(forward, prox_recompute, median(report, "prox/recompute", "cpu_seconds"))
+            flops = (4 if name == "step/recompute" else 3) * forward
+            out[name] = rate(flops, tokens, entry["seconds"]["median"], probe, peak, entry["cpu_seconds"]["median"])
+            if entry["train"]["median"]:
+                out[f"{name}/train_phase"] = rate(3 * forward, tokens, entry["train"]["median"], probe, peak)
+    if "prox/recompute" in report["results"]:
+        out["prox/recompute"] = rate(forward, tokens, median(report, "prox/recompute"), probe, peak,
+                                     median(report, "prox/recompute", "cpu_seconds"))
     return out
 
 
@@ -158,33 +145,29 @@ def bandwidth_floor(report: dict, traffic: dict[str, dict[str, Any]]) -> dict[st
     if not copy:
         return {}
     bandwidth = copy["info"]["bytes"] / copy["seconds"]["median"]
-    out: dict[str, Any] = {"memory_bandwidth_GBps": bandwidth / 1e9,
-                           "memory_bandwidth_best_GBps": copy["info"]["bytes"] / copy["seconds"]["min"] / 1e9}
     floors = {}
     for key, row in traffic.items():
         method, n = key.split("@")
         measured = median(report, f"kernel/{method}-inverse@{n}")
         unchecked = median(report, f"kernel/{method}-inverse@{n}/no_check")
         floor = row["bytes_minimal"] / bandwidth
-        floors[key] = {
-            **row, "floor_s": floor, "eager_floor_s": row["bytes_eager"] / bandwidth,
-            "measured_s": measured, "measured_no_check_s": unchecked,
-            "over_floor": measured / floor if measured else None,
-            "over_floor_no_check": unchecked / floor if unchecked else None,
-            "check_finite_cost_s": (measured - unchecked) if measured and unchecked else None,
-            "finite_flag_s": median(report, f"kernel/finite_flag@{n}"),
-        }
-    out["bandwidth_floor"] = floors
-    return out
+        floors[key] = {**row, "floor_s": floor, "eager_floor_s": row["bytes_eager"] / bandwidth,
+                       "measured_s": measured, "measured_no_check_s": unchecked,
+                       "over_floor": measured / floor if measured else None,
+                       "over_floor_no_check": unchecked / floor if unchecked else None,
+                       "check_finite_cost_s": measured - unchecked if measured and unchecked else None,
+                       "finite_flag_s": median(report, f"kernel/finite_flag@{n}")}
+    return {"memory_bandwidth_GBps": bandwidth / 1e9,
+            "memory_bandwidth_best_GBps": copy["info"]["bytes"] / copy["seconds"]["min"] / 1e9,
+            "bandwidth_floor": floors}
 
 
 def derive(report: dict, device: torch.device, traffic: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The headline ratios, the ceiling of the step-time ratio, throughput and MFU, and the bandwidth floor."""
+    """The headline ratios, the ceiling of the step-time ratio, throughput and MFU, the bandwidth floor."""
     peak = peak_flops(device, report["model"].get("precision", "bf16"))
-    out: dict[str, Any] = {**prox_ratios(report), **step_ratios(report), **kernel_ratios(report),
-                           "throughput": throughput(report, peak), "peak_flops": peak,
-                           "peak_flops_measured": measured_peak(report),
-                           **bandwidth_floor(report, traffic)}
+    out = {**prox_ratios(report), **step_ratios(report), **kernel_ratios(report),
+           "throughput": throughput(report, peak), "peak_flops": peak, "peak_flops_measured": measured_peak(report),
+           **bandwidth_floor(report, traffic)}
     if "rollout" in report["results"]:
-        out["rollout_tokens_per_s"] = report["results"]["rollout"]["tokens_per_s"]["median"]
+        out["rollout_tokens_per_s"] = median(report, "rollout", "tokens") / median(report, "rollout")
     return out

@@ -20,49 +20,47 @@ re-measured. Times are medians over interleaved repetitions; spreads are the int
 def _ms(seconds: float) -> str:
     if seconds >= 10:
         return f"{seconds:.1f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3g} ms"
-    return f"{seconds * 1e6:.3g} µs"
+    return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.3g} µs"
+
+
+def _table(header: str, rows: list[str]) -> list[str]:
+    """A markdown table from its header cells and its rows' cells, each row `a | b | c`."""
+    return ["", f"| {header} |", "|" + "---|" * (header.count("|") + 1), *(f"| {row} |" for row in rows)]
 
 
 def _header(report: dict, heading_level: int) -> list[str]:
     """Title, machine, command and batch."""
-    b, m = report["batch"], report["machine"]
-    title = (f"{'#' * heading_level} {report['model']['name']} ({report['model']['dtype']}), "
-             f"{b['n_prompts']}x{b['n_samples']} samples, prompt {b['prompt_len']}, response <= {b['response_len_max']}, "
-             f"{m['device']}, {report['date_utc']} UTC")
-    if report.get("label"):
-        title += f": {report['label']}"
-    gpu = f", {m['gpu']}" if m.get("gpu") else ""
+    b, m, options, model = report["batch"], report["machine"], report["options"], report["model"]
+    title = (f"{'#' * heading_level} {model['name']} ({model['dtype']}), {b['n_prompts']}x{b['n_samples']} samples, "
+             f"prompt {b['prompt_len']}, response <= {b['response_len_max']}, {m['device']}, {report['date_utc']} UTC"
+             + (f": {report['label']}" if report.get("label") else ""))
     load = m.get("load_average_start")
     machine = (f"Machine: {m['cpu']}, {m['cpus_available']} of {m['cpu_count']} cores available, "
                f"{m['torch_threads']} torch threads, torch {m['torch']}, transformers {m['transformers']}, "
-               f"device {m['device']}{gpu}" + (f"; load average {load[0]:.1f} at start, "
-                                               f"{m['load_average_end'][0]:.1f} at end" if load else "") + ".")
+               f"device {m['device']}" + (f", {m['gpu']}" if m.get("gpu") else "")
+               + (f"; load average {load[0]:.1f} at start, {m['load_average_end'][0]:.1f} at end" if load else ""))
     batch = (f"Batch: {b['tokens']} tokens ({b['response_tokens']} response), staleness {b['staleness']}, "
              f"{b['n_minibatches']} minibatches, token budget {b['token_budget']}: {b['micro_batches']} "
-             f"micro-batches, padding waste {b['padding_waste']:.1%} "
-             f"({b['padded_tokens']} padded for {b['real_tokens']} real tokens). "
-             f"{report['options']['reps']} interleaved repetitions after {max(report['options']['warmup'], 1)} "
-             f"warm-up; {report['elapsed_s']:.0f} s in all.")
-    return [title, "", machine, "", "```", report["command"] or "(called from Python)", "```", "", batch]
+             f"micro-batches, padding waste {b['padding_waste']:.1%} ({b['padded_tokens']} padded for "
+             f"{b['real_tokens']} real tokens). {options['reps']} interleaved repetitions after "
+             f"{max(options['warmup'], 1)} warm-up; {report['elapsed_s']:.0f} s in all.")
+    return [title, "", machine + ".", "", "```", report["command"] or "(called from Python)", "```", "", batch]
 
 
-def _results_table(report: dict) -> list[str]:
-    lines = ["", "| variant | median | IQR | min | max | CPU time median (IQR) | n |", "|---|---|---|---|---|---|---|"]
-    for name, entry in report["results"].items():
-        s, c = entry["seconds"], entry["cpu_seconds"]
-        lines.append(f"| {name} | {_ms(s['median'])} | {_ms(s['iqr'])} | {_ms(s['min'])} | {_ms(s['max'])} | "
-                     f"{_ms(c['median'])} ({_ms(c['iqr'])}) | {s['n']} |")
-    lines.append("")
-    steps = {k: v for k, v in report["results"].items() if v["kind"] == "step"}
-    if steps:
-        lines += ["| step | median | prox_logp in step | train in step |", "|---|---|---|---|"]
-        for name, entry in steps.items():
-            lines.append(f"| {name} | {_ms(entry['seconds']['median'])} | {_ms(entry['prox_logp']['median'])} | "
-                         f"{_ms(entry['train']['median'])} |")
-        lines.append("")
-    return lines
+def _result_row(name: str, entry: dict) -> str:
+    s, c = entry["seconds"], entry["cpu_seconds"]
+    return (f"{name} | {_ms(s['median'])} | {_ms(s['iqr'])} | {_ms(s['min'])} | {_ms(s['max'])} | "
+            f"{_ms(c['median'])} ({_ms(c['iqr'])}) | {s['n']}")
+
+
+def _results_tables(report: dict) -> list[str]:
+    """Every variant's wall and CPU time; each step's phases."""
+    results = report["results"]
+    steps = [f"{name} | {_ms(e['seconds']['median'])} | {_ms(e['prox_logp']['median'])} | {_ms(e['train']['median'])}"
+             for name, e in results.items() if e["kind"] == "step"]
+    return [*_table("variant | median | IQR | min | max | CPU time median (IQR) | n",
+                    [_result_row(name, entry) for name, entry in results.items()]),
+            *(_table("step | median | prox_logp in step | train in step", steps) if steps else []), ""]
 
 
 def _ratio_lines(report: dict) -> list[str]:
@@ -77,15 +75,16 @@ def _ratio_lines(report: dict) -> list[str]:
                      f"(loglinear saves {d['step_time_saved_fraction']:.1%}); ceiling T_step/(T_step - T_prox) = "
                      f"{d['step_ratio_ceiling']:.3f}; measured / ceiling = {d['step_ratio_over_ceiling']:.3f}. "
                      f"Paired per round: {d['step_ratio_paired_median']:.3f}; min / min: "
-                     f"{d['step_ratio_min_over_min']:.3f}. CPU time: **{d['step_ratio_recompute_over_loglinear_cpu']:.3f}**"
+                     f"{d['step_ratio_min_over_min']:.3f}. "
+                     f"CPU time: **{d['step_ratio_recompute_over_loglinear_cpu']:.3f}**"
                      + (f", ceiling {d['step_ratio_ceiling_cpu']:.3f}, measured / ceiling "
                         f"{d['step_ratio_over_ceiling_cpu']:.3f}" if "step_ratio_ceiling_cpu" in d else ""))
     if "adamw_fused_speedup" in d:
         lines.append(f"- AdamW step, default / fused: {d['adamw_fused_speedup']['seconds']:.2f}x (wall), "
                      f"{d['adamw_fused_speedup']['cpu_seconds']:.2f}x (CPU time)")
     if "entropy_extra_s" in d:
-        lines.append(f"- entropy on top of the log-probs (fwd + bwd over the vocabulary at the response positions): "
-                     f"{_ms(d['entropy_extra_s'])}")
+        lines.append("- entropy on top of the log-probs (fwd + bwd over the vocabulary at the response positions): "
+                     + _ms(d["entropy_extra_s"]))
     return lines
 
 
@@ -93,9 +92,10 @@ def _rate_lines(report: dict) -> list[str]:
     d, lines = report["derived"], []
     probe = d.get("peak_flops_measured")
     if probe:
-        nominal = f"; nominal {d['peak_flops'] / 1e12:.0f} TFLOP/s" if d.get("peak_flops") else "; nominal: not known here"
+        nominal = f"nominal {d['peak_flops'] / 1e12:.0f} TFLOP/s" if d.get("peak_flops") else "nominal: not known here"
         lines.append(f"- measured matmul peak ({probe['dtype']}, {' x '.join(map(str, probe['shape']))}): "
-                     f"{probe['flops_per_s'] / 1e9:.1f} GFLOP/s median, {probe['flops_per_s_best'] / 1e9:.1f} best{nominal}")
+                     f"{probe['flops_per_s'] / 1e9:.1f} GFLOP/s median, {probe['flops_per_s_best'] / 1e9:.1f} best; "
+                     + nominal)
     for name, row in d.get("throughput", {}).items():
         mfu = f", MFU {row['mfu_measured_peak']:.1%} of the measured peak" if "mfu_measured_peak" in row else ""
         mfu += f" ({row['mfu_measured_peak_cpu']:.1%} per CPU second)" if "mfu_measured_peak_cpu" in row else ""
@@ -109,28 +109,27 @@ def _rate_lines(report: dict) -> list[str]:
     return lines
 
 
+def _floor_row(key: str, row: dict) -> str:
+    return (f"{key.split('@')[0]} | {row['tokens']} | {row['bytes_minimal']:,} / {row['bytes_eager']:,}, "
+            f"{row['aten_ops']} | {_ms(row['floor_s'])} | {_ms(row['measured_s'])} | {row['over_floor']:.1f} | "
+            f"{_ms(row['measured_no_check_s'])} | {row['over_floor_no_check']:.1f} | {_ms(row['finite_flag_s'])}")
+
+
 def _floor_table(report: dict) -> list[str]:
     floors = report["derived"].get("bandwidth_floor")
     if not floors:
         return []
-    lines = ["", "| approximation | tokens | bytes (min / eager, ops) | floor | measured | x floor | "
-                 "without check | x floor | finite flag |", "|---|---|---|---|---|---|---|---|---|"]
-    for key, row in floors.items():
-        lines.append(
-            f"| {key.split('@')[0]} | {row['tokens']} | {row['bytes_minimal']:,} / {row['bytes_eager']:,}, "
-            f"{row['aten_ops']} | {_ms(row['floor_s'])} | {_ms(row['measured_s'])} | {row['over_floor']:.1f} | "
-            f"{_ms(row['measured_no_check_s'])} | {row['over_floor_no_check']:.1f} | "
-            f"{_ms(row['finite_flag_s'])} |")
-    return lines
+    return _table("approximation | tokens | bytes (min / eager, ops) | floor | measured | x floor | without check | "
+                  "x floor | finite flag", [_floor_row(key, row) for key, row in floors.items()])
 
 
 def render_markdown(report: dict, *, heading_level: int = 2) -> str:
-    lines = [*_header(report, heading_level), *_results_table(report), *_ratio_lines(report),
-             *_rate_lines(report), *_floor_table(report), ""]
-    return "\n".join(lines)
+    return "\n".join([*_header(report, heading_level), *_results_tables(report), *_ratio_lines(report),
+                      *_rate_lines(report), *_floor_table(report), ""])
 
 
 def write_report(report: dict, out_dir: Path) -> tuple[Path, Path]:
+    """benchmark.json (every figure, the raw repetitions) and benchmark.md under `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out_dir / "benchmark.json", out_dir / "benchmark.md"
     json_path.write_text(json.dumps(report, indent=2) + "\n")

@@ -1,10 +1,10 @@
 """What is measured: the options, the composed config, the policy, one trainer per algo, the
-synthetic batch and the training state every repetition starts from."""
+synthetic batch and the weights every repetition starts from."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
@@ -14,39 +14,42 @@ from omegaconf import DictConfig, OmegaConf
 
 from a3po.batch import RolloutBatch, Sample
 from a3po.device import resolve_device, resolve_precision
+from a3po.learner.trainer import Trainer
 from a3po.maths.proximal import METHODS, SCHEDULES
 from a3po.run.timer import PhaseTimer
-from a3po.learner.trainer import Trainer, pack_micro_batches
 
 REPO = Path(__file__).resolve().parents[2]
 CONF_DIR = REPO / "conf"
 DEFAULT_ALGOS = ("coupled", "recompute", "loglinear", "linear")
 
 
+def _option(default: Any, help_text: str | None = None) -> Any:
+    return field(default=default, metadata={"help": help_text})
+
+
 @dataclass
 class BenchmarkOptions:
-    """Everything that is not already in the composed training config (model, train.*, staleness)."""
+    """Everything not already in the composed training config (model, train.*, staleness);
+    the command line's flags are these fields (a3po.benchmark.cli)."""
 
     prompt_len: int = 48
-    response_len: int = 32
-    # Response lengths are uniform in [ceil((1 - spread) * response_len), response_len]: real
-    # rollouts are ragged, and the padding the micro-batch packing leaves is part of the cost.
-    length_spread: float = 0.5
+    response_len: int = _option(32, "longest response")
+    # Real rollouts are ragged, and the padding the micro-batch packing leaves is part of the cost.
+    length_spread: float = _option(0.5, "responses are uniform in [(1 - spread) * response_len, response_len]")
     reps: int = 5
     warmup: int = 1
-    algos: tuple[str, ...] = DEFAULT_ALGOS
+    algos: tuple[str, ...] = _option(DEFAULT_ALGOS, "comma-separated; algo or algo:schedule "
+                                                    "(e.g. loglinear:exponential)")
     approx_methods: tuple[str, ...] = METHODS
     approx_schedules: tuple[str, ...] = tuple(SCHEDULES)
-    kernel_tokens: tuple[int, ...] = (65_536, 1_048_576)
-    rollout: bool = True
-    # Sub-millisecond variants are repeated until one measurement lasts this long, so the
-    # clock's resolution and the per-call jitter stay small against what is measured.
-    min_kernel_seconds: float = 0.05
+    kernel_tokens: tuple[int, ...] = _option((65_536, 1_048_576), "flat sizes for the bandwidth-floor comparison")
     bandwidth_mib: int = 256
-    # AdamW's step over the policy's parameters, torch's default implementation against the
-    # fused kernel the trainer uses; costs two more sets of Adam moments in memory.
-    optimizer_kernels: bool = True
-    label: str = ""
+    min_kernel_seconds: float = _option(0.05, "short variants are repeated in blocks until a measurement lasts "
+                                              "this long (torch.utils.benchmark's min_run_time)")
+    rollout: bool = True
+    optimizer_kernels: bool = _option(True, "skip timing AdamW default vs fused (saves two sets of Adam moments "
+                                            "of memory)")
+    label: str = _option("", "appended to the report's heading, e.g. 'before: ...'")
     progress: bool = True
 
 
@@ -68,8 +71,8 @@ def compose(overrides: Sequence[str] = (), conf_dir: Path = CONF_DIR) -> DictCon
 
 @lru_cache(maxsize=None)
 def group_configs(algo: str, schedule: str) -> tuple[DictConfig, dict[str, Any]]:
-    """`algo=<algo> schedule=<schedule>` as training composes them (conf defaults, no user
-    overrides): the algo config and the schedule as a plain dict."""
+    """`algo=<algo> schedule=<schedule>` as training composes them: the algo config and the
+    schedule as a plain dict."""
     cfg = compose([f"algo={algo}", f"schedule={schedule}"])
     return cfg.algo, OmegaConf.to_container(cfg.schedule, resolve=True)
 
@@ -85,11 +88,21 @@ def algo_label(spec: str) -> str:
     return algo if ":" not in spec else f"{algo}-{schedule}"
 
 
+def make_trainer(cfg: DictConfig, policy: torch.nn.Module, tokenizer: Any, algo: str, schedule: str,
+                 device: torch.device, timer: PhaseTimer, precision: str = "fp32") -> Trainer:
+    """A trainer built as a3po.run.main builds it from `cfg`, with `algo` and the alpha `schedule`."""
+    algo_cfg, schedule_cfg = group_configs(algo, schedule)
+    return Trainer(policy, algo_cfg=algo_cfg, schedule_cfg=schedule_cfg, train_cfg=cfg.train,
+                   temperature=cfg.rollout.temperature, pad_id=tokenizer.pad_token_id, device=device, timer=timer,
+                   correction_cfg=OmegaConf.to_container(cfg.correction, resolve=True),
+                   objective_cfg=OmegaConf.to_container(cfg.objective, resolve=True), precision=precision)
+
+
 def synthetic_batch(trainer: Trainer, *, vocab_size: int, n_prompts: int, n_samples: int, prompt_len: int,
-                    response_len: int, length_spread: float, staleness: int, version: int,
-                    token_budget: int, seed: int) -> RolloutBatch:
-    """Random tokens, behaviour log-probs from the policy's own (no-grad) forward, and every
-    response token stamped `version - staleness`. A group shares its prompt, as in GRPO."""
+                    response_len: int, length_spread: float, staleness: int, version: int, seed: int) -> RolloutBatch:
+    """Random tokens, every response token stamped `version - staleness`, behaviour log-probs
+    from the policy's own no-grad forward (`Trainer.recompute_prox_logp`). A group shares its
+    prompt, as in GRPO. A step's time depends on shapes, not on what the tokens say."""
     if not 0.0 <= length_spread < 1.0:
         raise ValueError(f"length_spread={length_spread!r} is not allowed; it must be in [0, 1)")
     if version - staleness < 0:
@@ -101,132 +114,122 @@ def synthetic_batch(trainer: Trainer, *, vocab_size: int, n_prompts: int, n_samp
         prompt = torch.randint(0, vocab_size, (prompt_len,), generator=generator)
         for _ in range(n_samples):
             length = int(torch.randint(shortest, response_len + 1, (1,), generator=generator))
-            response = torch.randint(0, vocab_size, (length,), generator=generator)
-            samples.append(Sample(prompt_ids=prompt, response_ids=response, behave_logp=torch.zeros(length),
-                                  versions=torch.full((length,), version - staleness, dtype=torch.long),
+            samples.append(Sample(prompt, torch.randint(0, vocab_size, (length,), generator=generator),
+                                  torch.zeros(length), torch.full((length,), version - staleness, dtype=torch.long),
                                   reward=float(torch.rand((), generator=generator))))
-    with torch.no_grad():
-        for micro in pack_micro_batches({i: s.length for i, s in enumerate(samples)}, token_budget):
-            logp, _ = trainer.response_logp([samples[i] for i in micro])
-            for i, piece in zip(micro, logp.float().cpu().split([samples[i].response_ids.numel() for i in micro])):
-                samples[i].behave_logp = piece.clone()
+    logp = trainer.recompute_prox_logp(samples, trainer.plan(samples, torch.Generator().manual_seed(seed)))
+    for index, sample in enumerate(samples):
+        sample.behave_logp = logp[index].float().cpu()
     return RolloutBatch(step=version, samples=samples, n_prompts=n_prompts, n_samples=n_samples)
 
 
 def padding_stats(samples: list[Sample], plans: list[list[list[int]]]) -> dict[str, float]:
     """How much of each padded micro-batch (count x longest) is padding."""
-    real = sum(samples[i].length for plan in plans for micro in plan for i in micro)
-    padded = sum(len(micro) * max(samples[i].length for i in micro) for plan in plans for micro in plan)
-    sizes = [len(micro) for plan in plans for micro in plan]
-    return {"micro_batches": len(sizes), "samples_per_micro_batch_max": max(sizes),
+    micro_batches = [micro for plan in plans for micro in plan]
+    real = sum(samples[i].length for micro in micro_batches for i in micro)
+    padded = sum(len(micro) * max(samples[i].length for i in micro) for micro in micro_batches)
+    return {"micro_batches": len(micro_batches), "samples_per_micro_batch_max": max(map(len, micro_batches)),
             "real_tokens": real, "padded_tokens": padded, "padding_waste": 1.0 - real / padded}
 
 
-class TrainingState:
-    """A copy of the weights and optimizer state, restored in place before each repetition.
-
-    In place (copy_ into the live tensors) rather than load_state_dict: no allocation, and the
-    optimizer keeps the tensors it already holds, as it would in a run. Optimizer state that
-    did not exist when the copy was taken is dropped.
-    """
+class StartState:
+    """The weights as they are now, restored in place (no allocation) before a repetition,
+    with the optimizer's state dropped: every timed step then starts as a run's first step
+    does, creating Adam's moments, from the same weights."""
 
     def __init__(self, policy: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.policy, self.optimizer = policy, optimizer
-        with torch.no_grad():
-            self.tensors = [t.detach().clone() for t in self._live_tensors()]
-        self.optimizer_state = {
-            param: {key: value.detach().clone() if torch.is_tensor(value) else value for key, value in state.items()}
-            for param, state in optimizer.state.items()
-        }
+        self.saved = [tensor.detach().clone() for tensor in self._live()]
 
-    def _live_tensors(self) -> list[torch.Tensor]:
+    def _live(self) -> list[torch.Tensor]:
         return [*self.policy.parameters(), *self.policy.buffers()]
 
     @torch.no_grad()
     def restore(self) -> None:
-        for live, saved in zip(self._live_tensors(), self.tensors):
+        for live, saved in zip(self._live(), self.saved):
             live.copy_(saved)
-        for param in list(self.optimizer.state):
-            if param not in self.optimizer_state:
-                del self.optimizer.state[param]
-        for param, saved in self.optimizer_state.items():
-            live = self.optimizer.state[param]
-            for key, value in saved.items():
-                if torch.is_tensor(value) and torch.is_tensor(live.get(key)) and live[key].shape == value.shape:
-                    live[key].copy_(value)
-                else:
-                    live[key] = value.clone() if torch.is_tensor(value) else value
+        self.optimizer.state.clear()
         self.policy.zero_grad(set_to_none=True)
 
 
 @dataclass
 class Workload:
-    """The model, one trainer per algo, the batch, its plans, and the state steps start from."""
+    """The model, the trainers, the batch, its plans, and the state steps start from."""
 
     cfg: DictConfig
     options: BenchmarkOptions
     device: torch.device
+    precision: str  # resolved (a3po.device), as a training run resolves it
     policy: torch.nn.Module
     tokenizer: Any
-    timer: PhaseTimer  # the step trainers' timer: step variants read their phases from it
-    precision: str  # resolved (a3po.device), as a training run resolves it
-    trainers: dict[str, Trainer]  # label -> trainer, sharing one optimizer
-    reference: Trainer  # recompute, own timer: builds the batch and times the recompute forward
+    reference: Trainer  # recompute, with a timer of its own: builds the batch, runs prox/recompute
     batch: RolloutBatch
-    plans: list[list[list[int]]]
-    start: TrainingState
-    staleness: int
-    version: int
-    plan_seed: int
+    start: StartState
+    timer: PhaseTimer = field(init=False)  # the step trainers': step variants read their phases from it
+    plans: list[list[list[int]]] = field(init=False)
+    trainers: dict[str, Trainer] = field(init=False)  # label -> trainer, all sharing one optimizer
+
+    def __post_init__(self) -> None:
+        self.timer = PhaseTimer(self.device)
+        self.plans = self.reference.plan(self.samples, torch.Generator().manual_seed(self.plan_seed))
+        self.trainers = {algo_label(spec): self.trainer(*parse_algo(spec), self.timer) for spec in self.options.algos}
 
     @property
     def samples(self) -> list[Sample]:
         return self.batch.samples
 
+    @property
+    def version(self) -> int:
+        return self.batch.step
 
-def make_trainer(cfg: DictConfig, policy: torch.nn.Module, tokenizer: Any, algo: str, schedule: str,
-                 device: torch.device, timer: PhaseTimer, precision: str = "fp32") -> Trainer:
-    """A trainer built as training builds it, for `algo` with the alpha `schedule`."""
-    algo_cfg, schedule_cfg = group_configs(algo, schedule)
-    return Trainer(policy, algo_cfg=algo_cfg, schedule_cfg=schedule_cfg, train_cfg=cfg.train,
-                   temperature=cfg.rollout.temperature, pad_id=tokenizer.pad_token_id, device=device, timer=timer,
-                   precision=precision)
+    @property
+    def plan_seed(self) -> int:
+        """The minibatch split's seed, apart from the batch's."""
+        return int(self.cfg.seed) + 17
+
+    def trainer(self, algo: str, schedule: str = "inverse", timer: PhaseTimer | None = None) -> Trainer:
+        """A trainer on this workload's policy that shares the reference's optimizer."""
+        trainer = make_trainer(self.cfg, self.policy, self.tokenizer, algo, schedule, self.device,
+                               timer or PhaseTimer(self.device), self.precision)
+        trainer.optimizer = self.start.optimizer
+        return trainer
 
 
 def build_workload(cfg: DictConfig, options: BenchmarkOptions) -> Workload:
-    """Load the policy, one trainer per algo (one shared optimizer: the trainers would hold
-    identical state, and one copy of Adam's moments, twice the weights, is what a 1.5B model on
-    one GPU can afford), the synthetic batch, and the state every step repetition starts from."""
+    """The policy, the trainers (one shared optimizer: they would hold identical state, and one
+    copy of Adam's moments is what a large model on one GPU affords), the synthetic batch at
+    behaviour version 1 (never the prompt's -1), and the state every repetition starts from."""
     from a3po.models import load_policy
 
     device = resolve_device(cfg.device)
     precision = resolve_precision(cfg.get("precision", "auto"), device, cfg.model.get("dtype", "float32"))
     torch.manual_seed(cfg.seed)
     policy, tokenizer = load_policy(cfg.model, device=device, seed=cfg.seed)
-    timer = PhaseTimer(device)
-    staleness = int(cfg.staleness)
-    version = staleness + 1  # behaviour version 1 (never the prompt-only version -1)
-    trainers = {algo_label(spec): make_trainer(cfg, policy, tokenizer, *parse_algo(spec), device, timer, precision)
-                for spec in options.algos}
-    first = next(iter(trainers.values()))
-    for trainer in trainers.values():
-        trainer.optimizer = first.optimizer
     reference = make_trainer(cfg, policy, tokenizer, "recompute", "inverse", device, PhaseTimer(device), precision)
-    reference.optimizer = first.optimizer
+    staleness = int(cfg.staleness)
     batch = synthetic_batch(reference, vocab_size=policy.config.vocab_size, n_prompts=cfg.train.n_prompts,
                             n_samples=cfg.train.n_samples, prompt_len=options.prompt_len,
                             response_len=options.response_len, length_spread=options.length_spread,
-                            staleness=staleness, version=version, token_budget=cfg.train.token_budget, seed=cfg.seed)
-    plan_seed = cfg.seed + 17
-    plans = reference.plan(batch.samples, torch.Generator().manual_seed(plan_seed))
-    # One untimed step first, then back to the initial weights. The restore also drops the
-    # optimizer state that step created, so every timed step starts, as a run's first step
-    # does, by creating Adam's moments.
-    start = TrainingState(policy, first.optimizer)
-    first.step(batch, version=version, generator=torch.Generator().manual_seed(plan_seed))
-    timer.pop()
-    start.restore()
-    return Workload(cfg=cfg, options=options, device=device, policy=policy, tokenizer=tokenizer, timer=timer,
-                    precision=precision,
-                    trainers=trainers, reference=reference, batch=batch, plans=plans, start=start,
-                    staleness=staleness, version=version, plan_seed=plan_seed)
+                            staleness=staleness, version=staleness + 1, seed=cfg.seed)
+    return Workload(cfg, options, device, precision, policy, tokenizer, reference, batch,
+                    StartState(policy, reference.optimizer))
+
+
+def model_info(w: Workload) -> dict[str, Any]:
+    """The model as the report records it; the FLOP counts are computed from it."""
+    config, params = w.policy.config, sum(p.numel() for p in w.policy.parameters())
+    return {"name": w.cfg.model.name, "dtype": w.cfg.model.dtype, "precision": w.precision, "params": params,
+            "non_embedding_params": params - w.policy.get_input_embeddings().weight.numel(),
+            "hidden": int(config.hidden_size), "layers": int(config.num_hidden_layers), "vocab": int(config.vocab_size)}
+
+
+def batch_info(w: Workload) -> dict[str, Any]:
+    """The batch as the report records it: its shape, its tokens, its padding."""
+    samples, train = w.samples, w.cfg.train
+    return {"n_prompts": w.batch.n_prompts, "n_samples": w.batch.n_samples, "prompt_len": w.options.prompt_len,
+            "response_len_max": w.options.response_len, "length_spread": w.options.length_spread,
+            "response_tokens": sum(s.response_ids.numel() for s in samples), "tokens": sum(s.length for s in samples),
+            # query-key pairs a causal attention uses, summed over sequences: its FLOPs' size
+            "attention_pairs": sum(s.length * (s.length + 1) // 2 for s in samples),
+            "staleness": int(w.cfg.staleness), "version": w.version, "n_minibatches": int(train.n_minibatches),
+            "token_budget": int(train.token_budget), **padding_stats(samples, w.plans)}
