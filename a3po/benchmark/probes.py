@@ -15,8 +15,8 @@ from omegaconf import OmegaConf
 from a3po.benchmark.harness import TrafficCounter, Variant
 from a3po.benchmark.workload import Workload
 from a3po.learner.trainer import Trainer, all_finite, make_optimizer
-from a3po.maths.loss import token_logprobs, token_logprobs_and_entropy
-from a3po.maths.proximal import METHODS, approximate_prox_logp
+from a3po.maths.logprobs import token_logprobs, token_logprobs_and_entropy
+from a3po.maths.proximal import approximate_prox_logp, approximations
 from a3po.rollout import build_engine
 
 Flat = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # behave log-probs, current log-probs, versions
@@ -177,7 +177,7 @@ def approximation_kernel_variants(inputs: dict[int, Flat], version: int) -> list
     check, and the trainer's deferred check (`all_finite`, a flag on the device) alone."""
     variants = []
     for n, flat in inputs.items():
-        for method in METHODS:
+        for method in approximations():
             for check in (True, False):
                 variants.append(Variant(
                     f"kernel/{method}-inverse@{n}" + ("" if check else "/no_check"), "kernel", blocked=True,
@@ -193,7 +193,7 @@ def approximation_traffic(inputs: dict[int, Flat], version: int) -> dict[str, di
     output written once, float32) and what the eager implementation moves, in how many aten ops."""
     out = {}
     for n, flat in inputs.items():
-        for method in METHODS:
+        for method in approximations():
             with TrafficCounter() as traffic:
                 approximate_prox_logp(*flat, version, method=method, check_finite=True)
             minimal = sum(tensor.numel() * tensor.element_size() for tensor in flat) + n * 4

@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, open_dict
 
 from a3po.batch import RolloutBatch, Sample
 from a3po.device import resolve_device, resolve_precision
 from a3po.learner.trainer import Trainer
-from a3po.maths.proximal import METHODS, SCHEDULES
+from a3po.maths.proximal import approximations
+from a3po.maths.schedules import SCHEDULES
 from a3po.run.timer import PhaseTimer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,7 +41,7 @@ class BenchmarkOptions:
     warmup: int = 1
     algos: tuple[str, ...] = _option(DEFAULT_ALGOS, "comma-separated; algo or algo:schedule "
                                                     "(e.g. loglinear:exponential)")
-    approx_methods: tuple[str, ...] = METHODS
+    approx_methods: tuple[str, ...] = approximations()
     approx_schedules: tuple[str, ...] = tuple(SCHEDULES)
     kernel_tokens: tuple[int, ...] = _option((65_536, 1_048_576), "flat sizes for the bandwidth-floor comparison")
     bandwidth_mib: int = 256
@@ -70,32 +71,15 @@ def compose(overrides: Sequence[str] = (), conf_dir: Path = CONF_DIR) -> DictCon
 
 
 @lru_cache(maxsize=None)
-def group_configs(algo: str, schedule: str) -> tuple[DictConfig, dict[str, Any]]:
-    """`algo=<algo> schedule=<schedule>` as training composes them: the algo config and the
-    schedule as a plain dict."""
-    cfg = compose([f"algo={algo}", f"schedule={schedule}"])
-    return cfg.algo, OmegaConf.to_container(cfg.schedule, resolve=True)
-
-
-def parse_algo(spec: str) -> tuple[str, str]:
-    """`loglinear` -> (loglinear, inverse); `loglinear:exponential` -> (loglinear, exponential)."""
-    algo, _, schedule = spec.partition(":")
-    return algo, schedule or "inverse"
-
-
-def algo_label(spec: str) -> str:
-    algo, schedule = parse_algo(spec)
-    return algo if ":" not in spec else f"{algo}-{schedule}"
-
-
 def make_trainer(cfg: DictConfig, policy: torch.nn.Module, tokenizer: Any, algo: str, schedule: str,
                  device: torch.device, timer: PhaseTimer, precision: str = "fp32") -> Trainer:
-    """A trainer built as a3po.run.main builds it from `cfg`, with `algo` and the alpha `schedule`."""
-    algo_cfg, schedule_cfg = group_configs(algo, schedule)
-    return Trainer(policy, algo_cfg=algo_cfg, schedule_cfg=schedule_cfg, train_cfg=cfg.train,
-                   temperature=cfg.rollout.temperature, pad_id=tokenizer.pad_token_id, device=device, timer=timer,
-                   correction_cfg=OmegaConf.to_container(cfg.correction, resolve=True),
-                   objective_cfg=OmegaConf.to_container(cfg.objective, resolve=True), precision=precision)
+    """A trainer built as a3po.run.main builds it from `cfg`, with `algo=<algo>
+    schedule=<schedule>` composed as training composes them."""
+    groups = compose([f"algo={algo}", f"schedule={schedule}"])
+    run_cfg = cfg.copy()
+    with open_dict(run_cfg):
+        run_cfg.algo, run_cfg.schedule, run_cfg.precision = groups.algo, groups.schedule, precision
+    return Trainer(policy, run_cfg, pad_id=tokenizer.pad_token_id, device=device, timer=timer)
 
 
 def synthetic_batch(trainer: Trainer, *, vocab_size: int, n_prompts: int, n_samples: int, prompt_len: int,

@@ -35,6 +35,7 @@ from a3po.maths.spec import Registry, Spec
 __all__ = [
     "ALGOS",
     "Method",
+    "approximations",
     "approximate_prox_logp",
     "approximation_errors",
     "staleness_stats",
@@ -82,6 +83,11 @@ ALGOS = Registry("algo.name", (
 ))
 
 
+def approximations() -> tuple[str, ...]:
+    """The methods that approximate the proximal policy (those an alpha schedule applies to)."""
+    return tuple(name for name, method in ALGOS.items() if method.uses_schedule)
+
+
 def _check_finite(name: str, value: torch.Tensor) -> None:
     if not bool(torch.isfinite(value).all()):
         n_bad = int((~torch.isfinite(value)).sum())
@@ -113,8 +119,7 @@ def approximate_prox_logp(
     """
     interpolate = ALGOS.lookup(method).fn
     if interpolate is None:
-        raise ValueError(f"method={method!r} is not an approximation; allowed: "
-                         f"{[name for name, m in ALGOS.items() if m.uses_schedule]}")
+        raise ValueError(f"method={method!r} is not an approximation; allowed: {list(approximations())}")
     check_same_shape(behave_logp=behave_logp, target_logp=target_logp, versions=versions)
     if not behave_logp.dtype.is_floating_point or not target_logp.dtype.is_floating_point:
         raise ValueError(
@@ -154,7 +159,7 @@ def approximation_errors(
     current_version: int,
     loss_mask: torch.Tensor,
     schedules: Mapping[str, Mapping[str, float]],
-    methods: tuple[str, ...] = ("loglinear", "linear"),
+    methods: tuple[str, ...] | None = None,
 ) -> dict[str, torch.Tensor]:
     """How far is each approximation from the recomputed proximal policy?
 
@@ -174,7 +179,7 @@ def approximation_errors(
     bw_true = torch.exp(prox_logp_true - behave_logp)
     out: dict[str, torch.Tensor] = {}
     for schedule, params in schedules.items():
-        for method in methods:
+        for method in methods or approximations():
             approx = approximate_prox_logp(
                 behave_logp, target_logp, versions, current_version,
                 method=method, schedule=schedule, check_finite=False, **dict(params),
