@@ -25,9 +25,12 @@ Verdict.
 - Direction claims (a, b, d, e, f, g: "lower", "higher", "less"): "holds" when the whole
   interval lies on the claimed side of 0, "does not hold" when the whole interval lies on
   the other side, "inconclusive (CI of the difference includes 0)" otherwise.
-- The equivalence claim (c, reward within 2%): "holds" when the interval of the relative
-  difference lies inside [-2%, +2%], "does not hold" when it lies entirely outside
-  (entirely below -2% or entirely above +2%), "inconclusive (CI crosses ±2%)" otherwise.
+- The equivalence claim (c, reward within 2%), by TOST (two one-sided t-tests of the
+  relative difference against -2% and +2%, paired when the seeds are, Welch's otherwise):
+  "holds" when both one-sided p-values are below 0.05 (the same as the 90% interval lying
+  inside [-2%, +2%]); "does not hold" when the 95% interval lies entirely outside the band
+  (entirely below -2% or entirely above +2%); "inconclusive (TOST: 90% CI not inside ±2%)"
+  otherwise. Its notes give both p-values and the 90% interval.
 - Effects within float32 resolution (1e-6 of the quantity's size; 1e-6 on the log scale
   for ratios) count as 0, so rounding noise repeated by every seed is not an effect.
 - With fewer than two seeds on either side there is no interval: "inconclusive (fewer than
@@ -47,21 +50,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from analysis.claims_power import NO_INTERVAL, Samples, beside
 from analysis.identity import DEFAULT_SCHEDULE
-from analysis.markdown import fmt_interval, fmt_pm
+from analysis.markdown import fmt, fmt_pm
 from analysis.outcomes import excluded_of, with_outcomes
+from analysis.paper_claims import CLAIMS, Claim, on_effect_scale, shown
+from analysis.power import ALPHA
 from analysis.scalars import context_of, run_scalars
 from analysis.stats import Interval, difference_ci, mean_ci
+
+__all__ = ["CLAIMS", "Claim", "evaluate_claims", "judge", "verdict", "equivalence_verdict"]
 
 HOLDS = "holds"
 FAILS = "does not hold"
 INCONCLUSIVE_SIGN = "inconclusive (CI of the difference includes 0)"
-INCONCLUSIVE_BAND = "inconclusive (CI crosses ±2%)"
+INCONCLUSIVE_BAND = "inconclusive (TOST: 90% CI not inside ±2%)"
 INCONCLUSIVE_SEEDS = "inconclusive (fewer than 2 seeds)"
 # A wall-clock comparison where one side's runs shared their cores and the other's did not
 # measures the machine, not the algorithm: the CPU-time claim (b') is the one to read then.
@@ -73,57 +80,13 @@ ALGOS = ["coupled", "recompute", "loglinear"]
 RESOLUTION = 1e-6
 
 
-@dataclass(frozen=True)
-class Claim:
-    """One claim: the run scalar it is about, how the effect is formed ("log_ratio",
-    "difference" or "relative"), the claimed sign of the effect (+1 / -1; 0 for the
-    equivalence band `margin`), how the effect is shown, and the paper's value."""
-
-    key: str
-    title: str
-    column: str
-    effect: str
-    sign: int
-    shown_as: str
-    paper: str
-    margin: float = 0.0
-
-
-CLAIMS = [
-    Claim("a", "prox-logp time: recompute / loglinear (steps >= d)", "prox_time_s", "log_ratio", +1, "ratio",
-          "~8,500x (~10 s vs 0.0012 s per step)"),
-    Claim("b", "training time: loglinear less than recompute (sum of time/step)", "train_time_s", "log_ratio", +1,
-          "reduction", "18-27% less (2.72 h vs 3.46 h)"),
-    Claim("b'", "training CPU time: loglinear less than recompute (sum of time/step_cpu)", "cpu_time_s",
-          "log_ratio", +1, "reduction", "not reported"),
-    Claim("c", "final reward: loglinear within 2% of recompute", "final_reward", "relative", 0, "percent",
-          "within 2% (0.937 vs 0.954: -1.8%)", margin=0.02),
-    Claim("d", "entropy: higher for loglinear (steps >= d)", "entropy", "difference", +1, "difference",
-          "0.084 vs 0.070"),
-    Claim("e", "IW max: lower for loglinear (steps >= d)", "iw_max", "difference", -1, "difference",
-          "2.20 vs 3.69"),
-    Claim("f", "IW min: higher for loglinear (steps >= d)", "iw_min", "difference", +1, "difference",
-          "0.35 vs 0.26"),
-    Claim("g", "clipped tokens: fewer for loglinear (count per step, steps >= d)", "clipped_tokens", "difference", -1,
-          "difference", "31.6 vs 194.5 (a count: compare by direction only)"),
-    Claim("g'", "clip ratio: lower for loglinear (steps >= d)", "clip_ratio", "difference", -1, "difference",
-          "not reported (count only)"),
-]
-
-
-def verdict(interval: Interval, sign: int, margin: float = 0.0, resolution: float = 0.0) -> str:
-    """The verdict of an effect's interval under the module's rule; for direction claims,
-    bounds within `resolution` of 0 count as 0 (see `RESOLUTION`)."""
+def verdict(interval: Interval, sign: int, resolution: float = 0.0) -> str:
+    """The verdict of a direction claim's 95% interval; bounds within `resolution` of 0
+    count as 0 (see `RESOLUTION`)."""
     if interval.n == 0 or not np.isfinite(interval.mean):
         return "not judged (no value)"
     if not interval.known:
         return INCONCLUSIVE_SEEDS
-    if sign == 0:
-        if -margin <= interval.low and interval.high <= margin:
-            return HOLDS
-        if interval.high < -margin or interval.low > margin:
-            return FAILS
-        return INCONCLUSIVE_BAND
     low, high = sorted([sign * interval.low, sign * interval.high])
     if low > resolution:
         return HOLDS
@@ -132,40 +95,34 @@ def verdict(interval: Interval, sign: int, margin: float = 0.0, resolution: floa
     return INCONCLUSIVE_SIGN
 
 
+def equivalence_verdict(tost: Mapping | None, interval: Interval, margin: float) -> str:
+    """The reward claim's verdict: TOST against ±margin (`analysis.power.tost`), and the 95%
+    interval for "does not hold"."""
+    if interval.n == 0 or not np.isfinite(interval.mean):
+        return "not judged (no value)"
+    if tost is None or not interval.known:
+        return INCONCLUSIVE_SEEDS
+    if tost["equivalent"]:
+        return HOLDS
+    if interval.high < -margin or interval.low > margin:
+        return FAILS
+    return INCONCLUSIVE_BAND
+
+
 def _by_seed(rows: pd.DataFrame, column: str) -> dict[int, float]:
     return {int(s): float(v) for s, v in zip(rows["seed"], rows[column]) if np.isfinite(v)}
 
 
-def effect_interval(claim: Claim, ours: Mapping[int, float], base: Mapping[int, float]) -> tuple[Interval, str, str]:
-    """(interval of the effect, how it was formed, a reason it could not be formed or "")."""
-    if claim.effect == "log_ratio":
-        if any(v <= 0 for v in [*ours.values(), *base.values()]):
-            return Interval(math.nan, math.nan, math.nan, 0), "", "a time <= 0"
-        interval, how = difference_ci({s: math.log(v) for s, v in base.items()},
-                                      {s: math.log(v) for s, v in ours.items()})
-        return interval, how, ""
-    interval, how = difference_ci(ours, base)
-    if claim.effect == "relative":
-        scale = abs(float(np.mean(list(base.values()))))
-        if scale == 0:
-            return Interval(math.nan, math.nan, math.nan, 0), how, "recompute's reward is 0"
-        interval = interval.scaled(1.0 / scale)
-    return interval, how, ""
+def _tost_note(claim: Claim, samples: Samples, tost: Mapping | None) -> str:
+    """`TOST ±2%: p = 0.01 (> -2%), 0.3 (< +2%); 90% CI -0.5% [-3%, 2%]` for the reward claim."""
+    if tost is None:
+        return ""
+    ci90, _ = difference_ci(samples.ours, samples.base, 1 - 2 * ALPHA)
+    return (f"TOST ±{claim.margin:.0%}: p = {fmt(tost['p_lower'], 2)} (> -{claim.margin:.0%}), "
+            f"{fmt(tost['p_upper'], 2)} (< +{claim.margin:.0%}); 90% CI {shown(claim, ci90)}")
 
 
-def shown(claim: Claim, interval: Interval) -> str:
-    """The effect as a reader wants it: a ratio (x), a reduction (%) or a difference."""
-    if claim.shown_as == "ratio":
-        return fmt_interval(interval.mapped(math.exp), suffix="x")
-    if claim.shown_as == "reduction":
-        reduction = interval.mapped(lambda x: 1.0 - math.exp(-x))
-        return fmt_interval(reduction, percent=True) + " less"
-    if claim.shown_as == "percent":
-        return fmt_interval(interval, percent=True)
-    return fmt_interval(interval)
-
-
-def _notes(claim: Claim, rows: pd.DataFrame, how: str, interval: Interval) -> str:
+def _notes(claim: Claim, rows: pd.DataFrame, how: str, interval: Interval) -> list[str]:
     notes = [how] if how else []
     if claim.effect == "relative" and np.isfinite(interval.mean) and abs(interval.mean) > claim.margin:
         notes.append("loglinear higher" if interval.mean > 0 else "loglinear lower")
@@ -175,7 +132,7 @@ def _notes(claim: Claim, rows: pd.DataFrame, how: str, interval: Interval) -> st
             notes.append(f"{flagged} of {len(rows)} runs contended (wall/CPU > 1.25)")
         if claim.column == "train_time_s" and (rows["time_basis"] == "wall_time").any():
             notes.append("some runs lack time/step: wall time used")
-    return "; ".join(notes)
+    return notes
 
 
 def _uneven_contention(claim: Claim, rows: pd.DataFrame) -> str:
@@ -193,37 +150,63 @@ def _uneven_contention(claim: Claim, rows: pd.DataFrame) -> str:
     return ", ".join(f"{algo} {flagged}/{n} runs" for algo, (flagged, n) in shares.items())
 
 
+# What a claim that cannot be judged shows in the columns beside its verdict.
+NOTHING_BESIDE = {"n_seeds": 0, "sd": math.nan, "mde": math.nan, "seeds_observed": "-", "seeds_paper": "-",
+                  "seeds_if_zero": "", "iqm": NO_INTERVAL, "improvement": NO_INTERVAL, "tost": None, "samples": None}
+
+
+def _not_judged(record: dict, reason: str) -> dict:
+    record.update(effect="n/a", verdict=f"not judged ({reason})", note="", effect_mean=math.nan,
+                  effect_low=math.nan, effect_high=math.nan, **NOTHING_BESIDE)
+    return record
+
+
 def judge(claim: Claim, rows: pd.DataFrame) -> dict:
-    """One claim in one context: the per-algorithm values, the effect and the verdict."""
+    """One claim in one context: the per-algorithm values, the effect, the verdict, and the
+    numbers shown beside it (`analysis.claims_power.beside`)."""
     values = {algo: _by_seed(rows[rows["algo"] == algo], claim.column) for algo in ALGOS}
-    record = {"claim": claim.key, "title": claim.title, "paper": claim.paper,
+    record = {"claim": claim.key, "title": claim.title, "paper": claim.paper, "better": claim.sign or +1,
               **{algo: fmt_pm(mean_ci(list(values[algo].values()))) for algo in ALGOS}}
     ours, base = values["loglinear"], values["recompute"]
     if not ours or not base:
-        absent = [algo for algo, seeds in (("loglinear", ours), ("recompute", base)) if not seeds]
-        record.update(effect="n/a", verdict=f"not judged ({claim.column} has no value for {' and '.join(absent)}: "
-                                            "not logged, or no step >= d)",
-                      note="", effect_mean=math.nan, effect_low=math.nan, effect_high=math.nan)
-        return record
-    interval, how, problem = effect_interval(claim, ours, base)
+        absent = " and ".join(algo for algo, seeds in (("loglinear", ours), ("recompute", base)) if not seeds)
+        return _not_judged(record, f"{claim.column} has no value for {absent}: not logged, or no step >= d")
+    samples, problem = on_effect_scale(claim, ours, base)
+    if samples is None:
+        return _not_judged(record, problem)
+    interval, how = difference_ci(samples.ours, samples.base)
+    extra = beside(samples, interval.mean, claim.sign, claim.paper_effect, claim.margin)
     size = max(abs(np.mean(list(ours.values()))), abs(np.mean(list(base.values())))) \
         if claim.effect == "difference" else 1.0
-    judged = f"not judged ({problem})" if problem else verdict(interval, claim.sign, claim.margin, RESOLUTION * size)
-    note = _notes(claim, rows, how, interval)
+    if claim.margin:
+        judged = equivalence_verdict(extra["tost"], interval, claim.margin)
+    else:
+        judged = verdict(interval, claim.sign, RESOLUTION * size)
+    notes = _notes(claim, rows, how, interval) + [_tost_note(claim, samples, extra["tost"])] * bool(claim.margin)
     uneven = _uneven_contention(claim, rows)
-    if uneven and not problem:
+    if uneven:
         judged = INCONCLUSIVE_CONTENDED.format(detail=uneven)
-    if not problem and interval.mean != 0 and max(abs(interval.low), abs(interval.high)) <= RESOLUTION * size:
-        note += "; within float32 resolution: counted as 0"
-    record.update(effect=shown(claim, interval) if not problem else "n/a", verdict=judged, note=note,
-                  effect_mean=interval.mean, effect_low=interval.low, effect_high=interval.high)
+    if interval.mean != 0 and max(abs(interval.low), abs(interval.high)) <= RESOLUTION * size:
+        notes.append("within float32 resolution: counted as 0")
+    record.update(effect=shown(claim, interval), verdict=judged, note="; ".join(n for n in notes if n),
+                  effect_mean=interval.mean, effect_low=interval.low, effect_high=interval.high,
+                  samples=samples, **extra)
     return record
 
 
 def context_title(rows: pd.DataFrame) -> str:
     """`d = 4`, plus whatever else sets this context apart from the paper's setup."""
+    return ", ".join([f"d = {rows.iloc[0]['staleness']}", *_setting(rows)])
+
+
+def family_title(rows: pd.DataFrame) -> str:
+    """The context less its d: what the contexts compared across d share."""
+    return ", ".join(_setting(rows)) or "the paper's setup"
+
+
+def _setting(rows: pd.DataFrame) -> list[str]:
     first = rows.iloc[0]
-    parts = [f"d = {first['staleness']}"]
+    parts = []
     prefix = first["label"].rpartition("/")[0]
     if prefix:
         parts.append(f"experiment {prefix}")
@@ -233,7 +216,7 @@ def context_title(rows: pd.DataFrame) -> str:
         parts.append(f"correction {first['correction']}")
     if first["objective"] != "ppo":
         parts.append(f"objective {first['objective']}")
-    return ", ".join(parts)
+    return parts
 
 
 def _context_order(key: tuple[str, int]) -> tuple:
@@ -267,8 +250,8 @@ def evaluate_claims(df: pd.DataFrame, scalars: pd.DataFrame | None = None) -> pd
             record = judge(claim, rows)
             if left_out:
                 record["verdict"] = f"not judged (every {' and '.join(left_out)} run diverged or collapsed)"
-            records.append({"context": title, "staleness": staleness, "n_runs": len(rows), **record,
-                            "excluded": excluded})
-    columns = ["context", "staleness", "n_runs", "claim", "title", "paper", *ALGOS, "effect", "verdict", "note",
-               "effect_mean", "effect_low", "effect_high", "excluded"]
+            records.append({"context": title, "family": family_title(every_run), "staleness": staleness,
+                            "n_runs": len(rows), **record, "excluded": excluded})
+    columns = ["context", "family", "staleness", "n_runs", "claim", "title", "paper", *ALGOS, "effect", "verdict",
+               "note", "effect_mean", "effect_low", "effect_high", "excluded", *NOTHING_BESIDE, "better"]
     return pd.DataFrame(records, columns=columns)

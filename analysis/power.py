@@ -1,6 +1,7 @@
 """Power analysis for paired seed comparisons (scipy.stats): the minimum detectable effect at
 the seeds a sweep has, the seeds needed to detect a given effect, and the same for the
-two one-sided tests (TOST) of an equivalence band. Used by docs/study.md's pre-registration.
+two one-sided tests (TOST) of an equivalence band. Used by docs/study.md's pre-registration
+and by the claims report (analysis.claims, analysis.claims_power).
 
 Every comparison in the claims report pairs loglinear with recompute by seed, so the unit is
 the per-seed difference: mean `effect`, standard deviation `sd`, `n` seeds, a two-sided
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import math
 
+import numpy as np
 from scipy import stats
 
 ALPHA, POWER = 0.05, 0.8
@@ -53,6 +55,8 @@ def minimum_detectable_effect(sd: float, n: int, power: float = POWER, alpha: fl
     """The smallest |effect| a paired test of n seeds detects with `power` (bisection on power)."""
     if n < 2:
         return math.inf
+    if sd <= 0:
+        return 0.0
     low, high = 0.0, sd
     while paired_power(high, sd, n, alpha) < power:
         high *= 2
@@ -80,6 +84,8 @@ def tost_seeds_needed(effect: float, sd: float, margin: float, power: float = PO
     |effect| >= margin (equivalence is false) or past MAX_SEEDS."""
     if abs(effect) >= margin:
         return None
+    if sd <= 0:
+        return 2
     n = 2
     while tost_power(effect, sd, n, margin, alpha) < power:
         n = n + 1 if n < 64 else int(n * 1.05) + 1
@@ -88,16 +94,38 @@ def tost_seeds_needed(effect: float, sd: float, margin: float, power: float = PO
     return n
 
 
+def tost_from(mean: float, se: float, df: float, margin: float, alpha: float = ALPHA) -> dict[str, float]:
+    """The two one-sided t-tests of H0: |true difference| >= margin for an estimate `mean`
+    with standard error `se` on `df` degrees of freedom: p_lower tests H0 difference <= -margin,
+    p_upper H0 difference >= +margin; equivalent when both are below alpha, which is the same
+    as the (1 - 2 alpha) interval (90% for alpha 0.05) lying strictly inside the band."""
+    if se == 0:  # every seed agrees: the estimate is the truth as far as these seeds can tell
+        lower, upper = float(mean <= -margin), float(mean >= margin)
+    else:
+        lower = float(stats.t.sf((mean + margin) / se, df))
+        upper = float(stats.t.cdf((mean - margin) / se, df))
+    return {"p_lower": lower, "p_upper": upper, "p": max(lower, upper), "equivalent": bool(max(lower, upper) < alpha)}
+
+
 def tost(differences: list[float], margin: float, alpha: float = ALPHA) -> dict[str, float]:
-    """The two one-sided paired t-tests of H0: |mean difference| >= margin; equivalent when
-    both p-values are below alpha (the 90% interval inside the band, for alpha 0.05)."""
+    """TOST on paired per-seed differences (one-sample t-tests against -margin and +margin)."""
     n = len(differences)
     if n < 2:
         raise ValueError("TOST needs at least 2 paired seeds")
-    lower = stats.ttest_1samp(differences, -margin, alternative="greater").pvalue
-    upper = stats.ttest_1samp(differences, margin, alternative="less").pvalue
-    return {"p_lower": float(lower), "p_upper": float(upper), "p": float(max(lower, upper)),
-            "equivalent": bool(max(lower, upper) < alpha)}
+    array = np.asarray(differences, dtype=float)
+    return tost_from(float(array.mean()), float(array.std(ddof=1)) / math.sqrt(n), n - 1, margin, alpha)
+
+
+def tost_welch(treated: list[float], baseline: list[float], margin: float, alpha: float = ALPHA) -> dict[str, float]:
+    """TOST on mean(treated) - mean(baseline) for unpaired seeds (Welch's standard error and
+    Welch-Satterthwaite degrees of freedom, as analysis.stats.welch_ci)."""
+    a, b = np.asarray(treated, dtype=float), np.asarray(baseline, dtype=float)
+    if min(len(a), len(b)) < 2:
+        raise ValueError("TOST needs at least 2 seeds on each side")
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    se = math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1)) if se > 0 else len(a) + len(b) - 2
+    return tost_from(float(a.mean() - b.mean()), se, df, margin, alpha)
 
 
 def main(argv: list[str] | None = None) -> None:

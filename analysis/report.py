@@ -5,7 +5,8 @@
 writes one markdown file: where the numbers come from (runs, steps, seeds, the settings
 that matter, compute spent, contention, the run directories skipped and why), how verdicts
 are decided (`analysis.claims`), one claims table per context (staleness level, plus runtime/correction/objective where they
-differ from the paper's setup), the figures (small PNGs only, linked relatively, so the
+differ from the paper's setup) with a second table beside it (power, IQM, probability of
+improvement: `analysis.claims_power`) and the same robust statistics across d, the figures (small PNGs only, linked relatively, so the
 file renders on GitHub and the repository stays small) and the full summary table. A claim
 the sweep cannot judge says so and why; nothing is left out silently.
 """
@@ -25,12 +26,14 @@ from typing import Any
 import pandas as pd
 
 from a3po.run.rundir import LEGACY_VALUES
-from analysis.claims import evaluate_claims
 from analysis.claims import __doc__ as CLAIMS_DOC
+from analysis.claims import evaluate_claims
+from analysis.claims_markdown import claims_markdown
+from analysis.claims_power import __doc__ as BESIDE_DOC
 from analysis.figures import make_figures
 from analysis.identity import lookup
 from analysis.load import NoRunsError, RunSkippedWarning, load_configs, load_runs
-from analysis.markdown import fmt, markdown_table, print_written
+from analysis.markdown import fmt, print_written
 from analysis.plotting import SaveOptions
 from analysis.scalars import run_scalars
 from analysis.summary import summary_markdown, summary_table
@@ -120,24 +123,6 @@ def provenance(sources: Sequence[Path], scalars: pd.DataFrame, configs: Mapping[
     return "\n".join(lines + _compute_lines(scalars))
 
 
-def claims_markdown(claims: pd.DataFrame) -> str:
-    """One table per context; verdicts in bold so they can be scanned."""
-    if claims.empty:
-        return ("No context has both loglinear and recompute runs (with the default schedule), so no claim "
-                "can be judged from these runs. The summary table below still reports what was measured.")
-    headers = ["claim", "paper", "coupled", "recompute", "loglinear", "loglinear vs recompute [95% CI]",
-               "verdict", "notes"]
-    parts = []
-    for context, rows in claims.groupby("context", sort=False):
-        table = [[f"({r.claim}) {r.title}", r.paper, r.coupled, r.recompute, r.loglinear, r.effect,
-                  f"**{r.verdict}**", r.note] for r in rows.itertuples(index=False)]
-        parts += [f"### {context}", "", markdown_table(headers, table, numeric_from=99), ""]
-        excluded = rows["excluded"].iloc[0] if "excluded" in rows.columns else ""
-        if excluded:  # diverged or collapsed runs (analysis.outcomes): counted, never averaged
-            parts += [f"Excluded from every value above: {excluded}.", ""]
-    return "\n".join(parts)
-
-
 def figures_markdown(paths: Sequence[Path], relative_to: Path) -> str:
     lines = []
     for path in paths:
@@ -148,9 +133,11 @@ def figures_markdown(paths: Sequence[Path], relative_to: Path) -> str:
 
 
 def _rule_text() -> str:
-    """The verdict rule, from `analysis.claims`' docstring (one definition, two readers)."""
-    body = CLAIMS_DOC.split("Effect and its interval.", 1)[1]
-    return "Effect and its interval." + body.rstrip()
+    """The verdict rule and what is shown beside it, from the docstrings of
+    `analysis.claims` and `analysis.claims_power` (one definition, two readers)."""
+    rule = "Effect and its interval." + CLAIMS_DOC.split("Effect and its interval.", 1)[1].rstrip()
+    beside = "Beside the verdict." + BESIDE_DOC.split("Beside the verdict.", 1)[1].rstrip()
+    return rule + "\n\n" + beside
 
 
 def build_report(sources: Sequence[Path], df: pd.DataFrame, configs: Mapping[Any, Mapping[str, Any]],

@@ -86,7 +86,8 @@ def paired(first: Mapping[int, float], second: Mapping[int, float]) -> list[int]
     return sorted(s for s in first if s in second and np.isfinite(first[s]) and np.isfinite(second[s]))
 
 
-def difference_ci(treated: Mapping[int, float], baseline: Mapping[int, float]) -> tuple[Interval, str]:
+def difference_ci(treated: Mapping[int, float], baseline: Mapping[int, float],
+                  confidence: float = CONFIDENCE) -> tuple[Interval, str]:
     """Interval of treated - baseline over seeds, and how it was formed.
 
     Paired by seed (the interval of the per-seed differences) when at least two seeds have
@@ -96,6 +97,6 @@ def difference_ci(treated: Mapping[int, float], baseline: Mapping[int, float]) -
     """
     seeds = paired(treated, baseline)
     if len(seeds) >= 2:
-        return mean_ci([treated[s] - baseline[s] for s in seeds]), f"paired over {len(seeds)} seeds"
-    interval = welch_ci(list(treated.values()), list(baseline.values()))
+        return mean_ci([treated[s] - baseline[s] for s in seeds], confidence), f"paired over {len(seeds)} seeds"
+    interval = welch_ci(list(treated.values()), list(baseline.values()), confidence)
     return interval, f"unpaired ({len(treated)} vs {len(baseline)} seeds)"

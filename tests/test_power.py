@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from scipy import stats
 
 from analysis.power import (minimum_detectable_effect, paired_power, sd_from_interval, seeds_needed, tost,
-                            tost_power, tost_seeds_needed)
+                            tost_power, tost_seeds_needed, tost_welch)
+from analysis.stats import mean_ci, welch_ci
 
 
 def test_sd_from_interval_inverts_the_student_t_interval():
@@ -47,3 +50,44 @@ def test_tost():
     draws = rng.normal(0.0, 0.05, size=(4000, n))
     sim = np.mean([tost(list(row), 0.02)["equivalent"] for row in draws[:1000]])
     assert sim >= 0.75  # the bound is conservative: simulated power is at least about the bound
+
+
+def test_tost_by_hand():
+    # differences 0.01, 0, -0.01, 0.005: mean 0.00125, sd sqrt(2.1875e-4 / 3), se = sd / 2
+    result = tost([0.01, 0.0, -0.01, 0.005], margin=0.02)
+    se = math.sqrt(2.1875e-4 / 3) / 2
+    assert result["p_lower"] == pytest.approx(stats.t.sf((0.00125 + 0.02) / se, 3)) == pytest.approx(0.0077937, abs=1e-6)
+    assert result["p_upper"] == pytest.approx(stats.t.cdf((0.00125 - 0.02) / se, 3)) == pytest.approx(0.0109377, abs=1e-6)
+    assert result["equivalent"] and result["p"] == result["p_upper"]
+
+
+def test_tost_is_the_90_percent_interval_inside_the_band():
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        differences = list(rng.normal(rng.uniform(-0.03, 0.03), rng.uniform(0.002, 0.03), rng.integers(2, 12)))
+        interval = mean_ci(differences, confidence=0.90)
+        assert tost(differences, 0.02)["equivalent"] == (-0.02 < interval.low and interval.high < 0.02)
+        ours, base = list(rng.normal(0.01, 0.01, 5)), list(rng.normal(0.0, 0.01, 4))
+        welch = welch_ci(ours, base, confidence=0.90)
+        assert tost_welch(ours, base, 0.02)["equivalent"] == (-0.02 < welch.low and welch.high < 0.02)
+
+
+def test_tost_welch_matches_scipy():
+    ours, base = [0.51, 0.50, 0.49, 0.52], [0.50, 0.505, 0.495]
+    result = tost_welch(ours, base, margin=0.03)
+    shifted_up = stats.ttest_ind(np.add(ours, 0.03), base, equal_var=False, alternative="greater").pvalue
+    shifted_down = stats.ttest_ind(np.subtract(ours, 0.03), base, equal_var=False, alternative="less").pvalue
+    assert (result["p_lower"], result["p_upper"]) == pytest.approx((shifted_up, shifted_down))
+
+
+def test_zero_spread():
+    assert tost([0.01, 0.01, 0.01], 0.02)["equivalent"]  # every seed agrees, inside the band
+    assert not tost([0.03, 0.03], 0.02)["equivalent"]
+    assert minimum_detectable_effect(0.0, 5) == 0.0 and seeds_needed(0.1, 0.0) == 2
+    assert tost_seeds_needed(0.0, 0.0, 0.02) == 2
+
+
+@pytest.mark.parametrize("n", [3, 5, 10, 21])
+def test_mde_and_seeds_needed_round_trip(n):
+    # the MDE at n seeds is the effect that n seeds detect with 80% power: n seeds are needed for it
+    assert seeds_needed(minimum_detectable_effect(0.3, n), 0.3) == n
