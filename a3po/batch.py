@@ -6,7 +6,7 @@ any of those, so the data path stays one-way.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -47,11 +47,10 @@ class Sample:
 
 @dataclass
 class RolloutBatch:
-    """The samples for one training step: n_prompts groups of n_samples, in group order, and
-    the rollout's own metrics (reward/*, response/*), which the loop logs beside the trainer's."""
+    """The samples for one training step: n_prompts groups of n_samples, in group order. Data
+    only: the metrics that describe it travel beside it (a3po.rollout.producer.Rollout)."""
 
     step: int
     samples: list[Sample]
     n_prompts: int
     n_samples: int
-    stats: dict[str, float] = field(default_factory=dict)

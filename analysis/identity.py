@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from a3po.maths.algos import ALGOS
+from a3po.maths.proximal import ALGOS
 from a3po.maths.corrections import CORRECTIONS as CORRECTION_REGISTRY
 
 # The defaults that labels leave out, so the paper's method reads as plain `loglinear`.

@@ -50,7 +50,7 @@ class FakeProducer:
         self.engine, self.n_prompts, self.seconds, self.fail_at, self.block_at = engine, n_prompts, seconds, fail_at, block_at
         self.started: list[tuple[int, int]] = []  # (step, version) at the start of each batch
 
-    def __call__(self, step: int) -> RolloutBatch:
+    def __call__(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
         self.started.append((step, self.engine.version))
         if step == self.fail_at:
             raise ValueError(f"reward function crashed at step {step}")
@@ -62,17 +62,18 @@ class FakeProducer:
         samples = [Sample(prompt_ids=torch.tensor([1, 2]), response_ids=torch.tensor([3, 4, 5]),
                           behave_logp=torch.zeros(3), versions=torch.full((3,), self.engine.version), reward=0.0)
                    for g in range(self.n_prompts)]
-        return RolloutBatch(step=step, samples=samples, n_prompts=self.n_prompts, n_samples=1, stats={})
+        return RolloutBatch(step=step, samples=samples, n_prompts=self.n_prompts, n_samples=1), {}
 
 
-def _train(runtime: AsyncRuntime, engine: FakeEngine, steps: int, train_seconds: float) -> list[RolloutBatch]:
-    batches = []
+def _train(runtime: AsyncRuntime, engine: FakeEngine, steps: int, train_seconds: float
+           ) -> list[tuple[RolloutBatch, dict[str, float]]]:
+    rollouts = []
     for step in range(steps):
-        batch = runtime.batch_for(step, version=step)
+        rollout = runtime.batch_for(step, version=step)
         time.sleep(train_seconds)
         engine.update_weights(None, step + 1)
-        batches.append(batch)
-    return batches
+        rollouts.append(rollout)
+    return rollouts
 
 
 def test_staleness_manager_is_areals_rule():
@@ -94,20 +95,21 @@ def test_fast_rollout_runs_exactly_eta_versions_ahead_and_no_further(eta):
     producer = FakeProducer(engine)
     runtime = AsyncRuntime(producer, total_steps=8, max_staleness=eta, batch_size=2, engine=engine)
     try:
-        batches = _train(runtime, engine, 8, train_seconds=0.02)
+        rollouts = _train(runtime, engine, 8, train_seconds=0.02)
     finally:
         runtime.close()
-    staleness = [int((b.step - torch.cat([s.versions for s in b.samples])).max()) for b in batches]
+    staleness = [int((b.step - torch.cat([s.versions for s in b.samples])).max()) for b, _ in rollouts]
     assert max(staleness) <= eta
     # Rollout is much faster than training, so it always fills the window eta allows.
     assert staleness == [min(step, eta) for step in range(8)]
     for step, version in producer.started:
         assert version >= step - eta
-    for b in batches:
+    for b, metrics in rollouts:
         d = b.step - int(b.samples[0].versions[0])
-        assert b.stats[f"staleness/hist/{d}"] == 6.0
+        assert metrics[f"staleness/hist/{d}"] == 6.0
+        assert metrics["staleness/max"] == metrics["staleness/min"] == d
         for key in ("time/wait_data", "time/wait_capacity", "time/rollout", "rollout/tokens_per_s"):
-            assert b.stats[key] >= 0
+            assert metrics[key] >= 0
     assert not _rollout_threads()
 
 
@@ -116,11 +118,11 @@ def test_slow_rollout_makes_the_trainer_wait_and_overlaps_training():
     runtime = AsyncRuntime(FakeProducer(engine, seconds=0.1), total_steps=6, max_staleness=1, batch_size=2, engine=engine)
     started = time.perf_counter()
     try:
-        batches = _train(runtime, engine, 6, train_seconds=0.1)
+        rollouts = _train(runtime, engine, 6, train_seconds=0.1)
     finally:
         runtime.close()
     elapsed = time.perf_counter() - started
-    assert sum(b.stats["time/wait_data"] for b in batches[1:]) < 0.5 * 5 * 0.1 + 0.1
+    assert sum(metrics["time/wait_data"] for _, metrics in rollouts[1:]) < 0.5 * 5 * 0.1 + 0.1
     assert elapsed < 6 * 0.2 - 0.2, "rollout and training did not overlap"
 
 
@@ -166,7 +168,7 @@ def test_state_dict_resumes_with_the_finished_batches():
     resumed.load_state_dict(state)
     assert resumed.manager.accepted == 6
     try:
-        assert [resumed.batch_for(step, version=step).step for step in range(1, 6)] == [1, 2, 3, 4, 5]
+        assert [resumed.batch_for(step, version=step)[0].step for step in range(1, 6)] == [1, 2, 3, 4, 5]
     finally:
         resumed.close()
 
@@ -364,7 +366,7 @@ def test_sigterm_checkpoints_and_exits_cleanly(tiny_cfg, tmp_path):
 
 
 def test_staleness_split_in_flight_vs_queued():
-    from a3po.runtimes.asynchronous import staleness_split
+    from a3po.runtimes.staleness import staleness_split
 
     def sample(versions):
         n = len(versions)

@@ -84,7 +84,7 @@ def test_hf_engine_samples_as_the_trainer_computes_on_gpu():
     from a3po.rollout import build_engine
     from a3po.tasks import build_task
     from a3po.run.timer import PhaseTimer
-    from a3po.run.main import RolloutProducer
+    from a3po.rollout.producer import RolloutProducer
     from a3po.learner.trainer import Trainer
 
     device = torch.device("cuda")
@@ -92,7 +92,7 @@ def test_hf_engine_samples_as_the_trainer_computes_on_gpu():
     policy, tokenizer = load_policy(cfg.model, device=device, seed=0)
     engine = build_engine(cfg.rollout, policy, tokenizer, device)
     timer = PhaseTimer(device)
-    batch = RolloutProducer(cfg, build_task(cfg.task, 0), tokenizer, engine, timer)(0)
+    batch, _ = RolloutProducer(cfg, build_task(cfg.task, 0), tokenizer, engine, timer)(0)
     trainer = Trainer(policy, cfg, pad_id=tokenizer.pad_token_id, device=device, timer=timer)
     with torch.no_grad():
         logp, _ = trainer.response_logp(batch.samples)

@@ -195,10 +195,11 @@ def _worker(run_dir: str, overrides: list[str]) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from conftest import TINY_OVERRIDES, compose_config
 
+    import a3po.rollout.producer
     import a3po.run.main
     from a3po.errors import ConfigError
 
-    a3po.run.main.RolloutProducer.score = _even_token_share
+    a3po.rollout.producer.RolloutProducer.score = _even_token_share
     cfg = compose_config([*TINY_OVERRIDES, *overrides])
     try:
         a3po.run.main.run(cfg, run_dir=run_dir)

@@ -96,11 +96,12 @@ def _nan_on_rank_worker(run_dir: str, overrides: list[str]) -> None:
     from conftest import TINY_OVERRIDES, compose_config
     from test_distributed import _even_token_share
 
+    import a3po.rollout.producer
     import a3po.run.main
     from a3po.run.health import EXIT_DIVERGED, RunDiverged
     from a3po.learner.trainer import Trainer
 
-    a3po.run.main.RolloutProducer.score = _even_token_share
+    a3po.rollout.producer.RolloutProducer.score = _even_token_share
     nan_rank = int(os.environ["A3PO_TEST_NAN_RANK"])
     original_step, original_loss = Trainer.step, Trainer.loss
 

@@ -260,12 +260,13 @@ def test_cli_exit_status_3_for_a_diverged_run_and_a_sweep_goes_on(tmp_path):
 
 def _poisoned_cli(argv: list[str]) -> None:
     """Run experiments/train.py with the loss NaN from the second minibatch of step 1 of seed 0."""
-    import a3po.run.main
+    import a3po.run.loop
 
-    original = a3po.run.main._train_step
+    original = a3po.run.loop.train_step
 
-    def train_step(cfg, step, timer, sync, trainer, *args, **kwargs):
-        if cfg.seed == 0 and step == 1:
+    def train_step(parts, step):
+        trainer = parts.trainer
+        if parts.cfg.seed == 0 and step == 1:
             original_loss = type(trainer).loss
             calls = []
 
@@ -275,9 +276,9 @@ def _poisoned_cli(argv: list[str]) -> None:
                 return value + (math.nan if len(calls) > 1 else 0.0), stats
 
             trainer.loss = nan_loss
-        return original(cfg, step, timer, sync, trainer, *args, **kwargs)
+        return original(parts, step)
 
-    a3po.run.main._train_step = train_step
+    a3po.run.loop.train_step = train_step
     sys.argv = [str(REPO / "experiments" / "train.py"), *argv]
     runpy.run_path(str(REPO / "experiments" / "train.py"), run_name="__main__")
 

@@ -69,7 +69,7 @@ def test_behave_logp_equals_trainer_forward_and_loglinear_at_staleness_zero(tiny
     from a3po.rollout import build_engine
     from a3po.tasks import build_task
     from a3po.run.timer import PhaseTimer
-    from a3po.run.main import RolloutProducer
+    from a3po.rollout.producer import RolloutProducer
     from a3po.learner.trainer import Trainer
 
     cfg = tiny_cfg("rollout.max_new_tokens=12", "train.n_prompts=3", "train.n_samples=3")
@@ -77,7 +77,7 @@ def test_behave_logp_equals_trainer_forward_and_loglinear_at_staleness_zero(tiny
     engine = build_engine(cfg.rollout, policy, tokenizer, torch.device("cpu"))
     timer = PhaseTimer()
     producer = RolloutProducer(cfg, build_task(cfg.task, 0), tokenizer, engine, timer)
-    batch = producer(0)
+    batch, _ = producer(0)
     trainer = Trainer(policy, cfg, pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=timer)
     with torch.no_grad():
         recomputed, _ = trainer.response_logp(batch.samples)
@@ -128,7 +128,7 @@ def test_resume_drops_steps_logged_after_the_checkpoint(tiny_cfg):
         ("staleness=-1", "staleness=-1"),
         ("objective.eps_clip=0", "objective.eps_clip=0 is not allowed"),
         ("objective.eps_clip=-0.2", "objective.eps_clip=-0.2 is not allowed"),
-        ("schedule=exponential schedule.gamma=2.0", "gamma=2.0"),
+        ("schedule=exponential schedule.gamma=2.0", "schedule.gamma=2 is not allowed"),
         ("model.source=hub model.path=/nonexistent/model", "model.path"),
         ("train.token_budget=8", "train.token_budget=8"),
         ("train.n_minibatches=0", "train.n_minibatches=0"),

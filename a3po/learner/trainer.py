@@ -23,7 +23,7 @@ from a3po.errors import ConfigError
 from a3po.maths.advantages import grpo_advantages
 from a3po.maths.logprobs import token_logprobs, token_logprobs_and_entropy
 from a3po.maths.loss import decoupled_loss
-from a3po.maths.proximal import ALGOS, approximate_prox_logp, approximation_errors, staleness_stats
+from a3po.maths.proximal import ALGOS, approximate_prox_logp, approximation_errors
 from a3po.maths.schedules import validate_schedule
 from a3po.run.distributed import (SINGLE, DistInfo, all_reduce_max, all_reduce_min, all_reduce_sum, local_value, shard,
                                   wrap_fsdp)
@@ -336,9 +336,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.algo.anchor != "recompute":
             self.timer.add("prox_logp", approximation_time.seconds())
-        all_versions = torch.cat([s.versions for s in samples])
-        staleness = {name: float(v) for name, v in staleness_stats(all_versions, version).items()}
-        return {**metrics.result(across_ranks=self.dist.world > 1), **staleness}
+        return metrics.result(across_ranks=self.dist.world > 1)
 
     def check_update(self, prox_flags: list[torch.Tensor], loss: torch.Tensor, grad_norm: torch.Tensor,
                      version: int, minibatch: int, n_minibatches: int) -> None:

@@ -46,18 +46,11 @@ import torch
 
 from a3po.errors import ConfigError
 from a3po.batch import Sample
-from a3po.run.seeds import seeded
+from a3po.run.seeds import Stream, seeded, stream_seed
 from a3po.rollout.base import GenerationCancelled, StagedWeightUpdates
 
 log = logging.getLogger(__name__)
 
-_SEED_MODULUS = 2**62
-
-
-def request_seed(seed: int, index: int) -> int:
-    """One seed per sample, so a sample depends on (weights, seed, its index) and not on
-    which other requests happened to share its engine steps."""
-    return (seed * 1_000_003 + index * 7_919 + 1) % _SEED_MODULUS
 
 
 @dataclass
@@ -202,7 +195,7 @@ class VLLMEngine(StagedWeightUpdates):
             order: list[str] = []
             for index, ids in enumerate(ids for ids in prompt_ids for _ in range(n_samples)):
                 request_id = f"a3po-{self._calls}-{index}"
-                params = self._sampling_params(request_seed(seed, index) if self.seed_per_request else None)
+                params = self._sampling_params(stream_seed(seed, Stream.VLLM_REQUEST, index) if self.seed_per_request else None)
                 engine.add_request(request_id, {"prompt_token_ids": list(ids)}, params)
                 sequences[request_id] = _Sequence(prompt_ids=list(ids))
                 order.append(request_id)

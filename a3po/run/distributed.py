@@ -16,7 +16,6 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -75,13 +74,6 @@ def rank_device(device: torch.device, info: DistInfo) -> torch.device:
 def close_distributed(info: DistInfo) -> None:
     if info.world > 1 and dist.is_initialized():
         dist.destroy_process_group()
-
-
-def rank_seed(seed: int, rank: int) -> int:
-    """Rank 0 keeps `seed` (a 1-process run is rank 0); other ranks get a distinct seed < 2**32."""
-    if rank == 0:
-        return seed
-    return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
 
 
 def shard(indices: Sequence[int], rank: int, world: int) -> list[int]:

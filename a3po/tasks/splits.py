@@ -12,12 +12,10 @@ import hashlib
 
 import numpy as np
 
+from a3po.run.seeds import Stream, task_rng
+
 DEFAULT_HELD_OUT_FRACTION = 0.2
-# Streams of the per-task numpy generators; distinct so that training and evaluation never
-# draw the same random numbers even under the same seed.
-TRAIN_STREAM = 0
-EVAL_STREAM = 1
-# Seed of the eval stream: constant for the reason given in the module docstring.
+# Seed of the eval order: constant for the reason given in the module docstring.
 EVAL_SEED = 20240917
 
 
@@ -28,8 +26,8 @@ def is_held_out(question: str, held_out_fraction: float) -> bool:
 
 def step_rng(seed: int, step: int, *extra: int) -> np.random.Generator:
     """A generator that depends on (seed, step) alone, so resumed runs replay the same prompts."""
-    return np.random.default_rng([TRAIN_STREAM, int(seed), int(step), *extra])
+    return task_rng(Stream.TASK_TRAIN, seed, step, *extra)
 
 
 def eval_rng(*extra: int) -> np.random.Generator:
-    return np.random.default_rng([EVAL_STREAM, EVAL_SEED, *extra])
+    return task_rng(Stream.TASK_EVAL, EVAL_SEED, *extra)
