@@ -2,7 +2,7 @@
 
 advantages (GRPO group norm) -> prox logp (by algo) -> n_minibatches optimizer updates, each
 accumulated over token-budget micro-batches -> grad clip -> optimizer step. The metric names
-and their reductions live in a3po.run.step_metrics, the maths in a3po.maths.loss and a3po.maths.proximal;
+and their reductions are declared in a3po.run.metrics, the maths in a3po.maths.loss and a3po.maths.proximal;
 this file only moves tensors between them and the model. With N ranks (a3po.run.distributed)
 each trains on its shard of every minibatch and the loss stays the 1-process token mean.
 """
@@ -28,7 +28,7 @@ from a3po.maths.schedules import validate_schedule
 from a3po.run.distributed import (SINGLE, DistInfo, all_reduce_max, all_reduce_min, all_reduce_sum, local_value, shard,
                                   wrap_fsdp)
 from a3po.run.health import NonFiniteUpdate
-from a3po.run.step_metrics import StepMetrics
+from a3po.learner.step_metrics import StepMetrics
 from a3po.run.timer import PhaseTimer
 
 

@@ -29,7 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from a3po.run.step_metrics import COLLAPSE_STEP, COLLAPSED
+from a3po.run.metrics import COLLAPSE_STEP, COLLAPSED
 
 DIVERGED_MARKER = "diverged.json"
 # Exit statuses of experiments/train.py: 0 done, 1 a crash (Python's), 2 a config error,

@@ -21,7 +21,7 @@ from a3po.run.parts import RunParts
 from a3po.run.preemption import GracefulStop
 from a3po.run.resume import finish, save_resume_state
 from a3po.run.seeds import Stream, stream_seed
-from a3po.run.step_metrics import COLLAPSE_STEP, COLLAPSED, DIVERGED
+from a3po.run.metrics import COLLAPSE_STEP, COLLAPSED, DIVERGED
 
 __all__ = ["train_step", "train_loop"]
 

@@ -1,7 +1,6 @@
-"""The trainer's per-step metrics: every name and how it combines across micro-batches and
-minibatches, in one table, so the names logged and the reductions applied cannot drift
-apart. Values stay on the device as 0-dim tensors until `result()`, which reads them all in
-one host transfer (one sync per step on a GPU).
+"""The trainer's per-step metrics, reduced over the step's micro-batches and minibatches as
+a3po.run.metrics declares each name. Values stay on the device as 0-dim tensors until
+`result()`, which reads them all in one host transfer (one sync per step on a GPU).
 """
 
 from __future__ import annotations
@@ -10,57 +9,13 @@ from collections.abc import Mapping
 
 import torch
 
-# How each value combines over the step's micro-batches (or minibatches), and over the ranks
-# of a distributed run (a3po.run.distributed; each rank holds its shard's micro-batches):
-#   max / min    extreme over micro-batches (and ranks)
-#   token_mean   mean weighted by each micro-batch's valid tokens (a token mean over the step)
-#   sum          total over the step
-#   mb_mean      plain mean over the step's minibatches (one value each: with N ranks, the sum
-#                of the ranks' shares, as the loss, a token mean over the whole minibatch)
-#   mb_mean_replicated  as mb_mean, for a value every rank holds whole (FSDP's grad norm)
-REDUCTIONS: dict[str, str] = {
-    "actor/importance_weight/max": "max",
-    "actor/importance_weight/min": "min",
-    "actor/importance_weight/mean": "token_mean",
-    "actor/behave_weight/max": "max",
-    "actor/behave_weight/min": "min",
-    "actor/behave_weight/mean": "token_mean",
-    "actor/behave_weight/capped_tokens": "sum",
-    "actor/clipped_tokens": "sum",
-    "actor/clip_low": "token_mean",
-    "actor/clip_high": "token_mean",
-    "actor/approx_kl": "token_mean",
-    "actor/entropy": "token_mean",
-    "actor/valid_tokens": "sum",
-    "actor/grad_norm": "mb_mean_replicated",
-    "actor/loss": "mb_mean",
-}
-# Families of names that share a reduction: every schedule's approximation error, the
-# corrections' dropped/truncated fractions, the off-policy diagnostics (a3po.maths.diagnostics).
-PREFIX_REDUCTIONS = {"prox_error/": "token_mean", "correction/": "token_mean", "offpolicy/": "token_mean"}
+from a3po.run.metrics import reduction_of
 
-# Run health (a3po.run.health), set by the training loop once per step rather than reduced from
-# the trainer's micro-batches: whether the policy has collapsed (0/1, every step), the step
-# that collapse began (only while collapsed), and on the one line a diverged run logs for
-# the step it stopped at, `health/diverged` = 1 (that line carries no trainer metric: the
-# step was never completed).
-COLLAPSED = "health/collapsed"
-COLLAPSE_STEP = "health/collapse_step"
-DIVERGED = "health/diverged"
-HEALTH_METRICS = (COLLAPSED, COLLAPSE_STEP, DIVERGED)
-
-
-def reduction_of(name: str) -> str:
-    if name in REDUCTIONS:
-        return REDUCTIONS[name]
-    for prefix, reduction in PREFIX_REDUCTIONS.items():
-        if name.startswith(prefix):
-            return reduction
-    raise KeyError(f"metric {name!r} has no reduction; add it to a3po.run.step_metrics.REDUCTIONS")
+__all__ = ["StepMetrics"]
 
 
 class StepMetrics:
-    """Collects one step's values; `result()` reduces them by `REDUCTIONS`."""
+    """Collects one step's values; `result()` reduces them as a3po.run.metrics declares."""
 
     def __init__(self) -> None:
         self._values: dict[str, list[torch.Tensor]] = {}
