@@ -71,6 +71,17 @@ def compose(overrides: Sequence[str] = (), conf_dir: Path = CONF_DIR) -> DictCon
 
 
 @lru_cache(maxsize=None)
+def parse_algo(spec: str) -> tuple[str, str]:
+    """`loglinear` -> (loglinear, inverse); `loglinear:exponential` -> (loglinear, exponential)."""
+    algo, _, schedule = spec.partition(":")
+    return algo, schedule or "inverse"
+
+
+def algo_label(spec: str) -> str:
+    algo, schedule = parse_algo(spec)
+    return algo if ":" not in spec else f"{algo}-{schedule}"
+
+
 def make_trainer(cfg: DictConfig, policy: torch.nn.Module, tokenizer: Any, algo: str, schedule: str,
                  device: torch.device, timer: PhaseTimer, precision: str = "fp32") -> Trainer:
     """A trainer built as a3po.run.main builds it from `cfg`, with `algo=<algo>
