@@ -4,8 +4,6 @@ Python definition, the YAML), seen through config validation, a run and a figure
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 import yaml

@@ -10,7 +10,6 @@ state would show.
 
 from __future__ import annotations
 
-import json
 import math
 import runpy
 import subprocess

@@ -16,13 +16,10 @@ import torch
 from omegaconf import OmegaConf
 
 from a3po import models
+from a3po.models import smollm2
 from a3po.errors import ConfigError
-from a3po.models import (
-    CONVERSION_MARKER,
-    load_policy,
-    publish_atomically,
-    validate_model_cfg,
-)
+from a3po.models import CONVERSION_MARKER, load_policy, validate_model_cfg
+from a3po.models.smollm2 import publish_atomically
 
 REPO = Path(__file__).resolve().parents[1]
 SMOLLM2_VOCAB_SIZE = 49152
@@ -257,14 +254,14 @@ def test_conversion_lock_serialises_converters(tmp_path):
     first_has_lock = threading.Event()
 
     def first():
-        with models._conversion_lock(target):
+        with smollm2._conversion_lock(target):
             first_has_lock.set()
             time.sleep(0.2)
             events.append("first done")
 
     def second():
         first_has_lock.wait()
-        with models._conversion_lock(target):
+        with smollm2._conversion_lock(target):
             events.append("second entered")
 
     threads = [threading.Thread(target=first), threading.Thread(target=second)]

@@ -21,7 +21,8 @@ from omegaconf import OmegaConf
 
 from a3po.errors import ConfigError
 from a3po.run.metrics_log import read_metrics
-from a3po.run.rundir import LOCK_FILE, claim_run_dir, release_run_dir
+from a3po.run.lock import LOCK_FILE, release_run_dir
+from a3po.run.rundir import claim_run_dir
 
 from conftest import REPO, TINY_OVERRIDES
 

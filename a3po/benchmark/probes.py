@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 
 from a3po.benchmark.harness import TrafficCounter, Variant
 from a3po.benchmark.workload import Workload
-from a3po.learner.trainer import Trainer, all_finite, make_optimizer
+from a3po.learner.trainer import Trainer
+from a3po.learner.update import all_finite, make_optimizer
 from a3po.maths.logprobs import token_logprobs, token_logprobs_and_entropy
 from a3po.maths.proximal import approximate_prox_logp, approximations
 from a3po.rollout import build_engine

@@ -9,126 +9,28 @@ each trains on its shard of every minibatch and the loss stays the 1-process tok
 
 from __future__ import annotations
 
-import contextlib
-import math
-import time
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from a3po.batch import RolloutBatch, Sample
 from a3po.device import autocast, autocast_dtype
-from a3po.errors import ConfigError
+from a3po.learner.batching import pack_micro_batches, split_minibatches
+from a3po.learner.step_metrics import StepMetrics
+from a3po.learner.update import all_finite, check_update, make_optimizer
 from a3po.maths.advantages import grpo_advantages
 from a3po.maths.logprobs import token_logprobs, token_logprobs_and_entropy
 from a3po.maths.loss import decoupled_loss
 from a3po.maths.proximal import ALGOS, approximate_prox_logp, approximation_errors
 from a3po.maths.schedules import validate_schedule
-from a3po.run.distributed import (SINGLE, DistInfo, all_reduce_max, all_reduce_min, all_reduce_sum, local_value, shard,
+from a3po.run.distributed import (SINGLE, DistInfo, all_reduce_max, all_reduce_sum, local_value, shard,
                                   wrap_fsdp)
-from a3po.run.health import NonFiniteUpdate
-from a3po.learner.step_metrics import StepMetrics
-from a3po.run.timer import PhaseTimer
-
-
-def split_minibatches(n_items: int, n_minibatches: int, generator: torch.Generator) -> list[list[int]]:
-    """A seeded shuffle cut into n_minibatches near-equal parts: each sample is used once a step."""
-    order = torch.randperm(n_items, generator=generator).tolist()
-    return [part.tolist() for part in torch.tensor(order).tensor_split(n_minibatches) if part.numel()]
-
-
-def pack_micro_batches(lengths: Mapping[int, int], token_budget: int) -> list[list[int]]:
-    """Group sample indices so each padded micro-batch (count x longest) fits the budget.
-
-    Longest first, so a micro-batch's samples have similar lengths and padding stays small.
-    """
-    order = sorted(lengths, key=lambda i: (-lengths[i], i))
-    micro_batches: list[list[int]] = []
-    current: list[int] = []
-    for index in order:
-        if lengths[index] > token_budget:
-            raise ConfigError(
-                f"train.token_budget={token_budget} is not allowed: a sequence of {lengths[index]} tokens "
-                "(prompt + response) does not fit one micro-batch; raise the budget or shorten responses"
-            )
-        longest = lengths[current[0]] if current else lengths[index]
-        if current and (len(current) + 1) * longest > token_budget:
-            micro_batches.append(current)
-            current = []
-        current.append(index)
-    if current:
-        micro_batches.append(current)
-    return micro_batches
-
-
-def all_finite(values: torch.Tensor) -> torch.Tensor:
-    """A 0-dim bool on the values' device, with no host sync, in one reduction pass.
-
-    A NaN or an infinity anywhere makes the sum non-finite, so this is `isfinite(values).all()`
-    (five elementwise passes in eager mode: abs, ne, eq, mul, all; tens of times slower on 1M
-    tokens here, docs/benchmarks.md) except where finite values sum past float32's 3.4e38, which log-probs of any
-    real policy never approach; a float64 sum would rule that out too but is 10x slower on CPU.
-    """
-    return torch.isfinite(values.sum())
-
-
-def make_optimizer(policy: torch.nn.Module, train_cfg) -> torch.optim.Optimizer:
-    """AdamW, fused where torch has a fused kernel for the parameters' device and dtype.
-
-    The step is memory-bound: the fused kernel reads weights, gradients and both moments and
-    writes back weights and moments once per parameter; the default CPU implementation runs
-    about ten separate elementwise ops over them (3.7x slower for SmolLM2-135M here,
-    docs/benchmarks.md).
-    """
-    params = [p for p in policy.parameters() if p.requires_grad]
-    kwargs = dict(lr=train_cfg.lr, betas=tuple(train_cfg.adam_betas), eps=train_cfg.adam_eps,
-                  weight_decay=train_cfg.weight_decay)
-    try:
-        return torch.optim.AdamW(params, fused=True, **kwargs)
-    except (RuntimeError, ValueError):  # no fused kernel for this device or dtype
-        return torch.optim.AdamW(params, **kwargs)
+from a3po.run.timer import DeviceSpans, PhaseTimer
 
 
 def _plain(node: Any) -> dict[str, Any]:
     return dict(OmegaConf.to_container(node, resolve=True)) if isinstance(node, DictConfig) else dict(node)
-
-
-class _DeviceSpans:
-    """Seconds spent in short spans inside the micro-batch loop, without a host sync per span.
-
-    On a GPU a synchronizing timer around each micro-batch's approximation would stall the
-    launch queue twice per micro-batch; CUDA events are recorded instead and read after the
-    step's one sync. On CPU, work is synchronous and the wall clock is exact.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.on_cuda = device.type == "cuda"
-        self.events: list[tuple[Any, Any]] = []
-        self.cpu_seconds = 0.0
-
-    @contextlib.contextmanager
-    def span(self) -> Iterator[None]:
-        if self.on_cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            try:
-                yield
-            finally:
-                end.record()
-                self.events.append((start, end))
-        else:
-            started = time.perf_counter()
-            try:
-                yield
-            finally:
-                self.cpu_seconds += time.perf_counter() - started
-
-    def seconds(self) -> float:
-        """Total; on a GPU call it after the step's sync (the last event is waited for anyway)."""
-        if self.events:
-            self.events[-1][1].synchronize()
-        return self.cpu_seconds + sum(start.elapsed_time(end) for start, end in self.events) / 1000.0
 
 
 class Trainer:
@@ -298,7 +200,7 @@ class Trainer:
         plans = self.plan(samples, generator)
         recomputed = self._recomputed_prox(samples, plans)
         metrics = StepMetrics()
-        approximation_time = _DeviceSpans(self.device)
+        approximation_time = DeviceSpans(self.device)
 
         self.policy.train()
         with self.timer.phase("train"):
@@ -340,23 +242,8 @@ class Trainer:
 
     def check_update(self, prox_flags: list[torch.Tensor], loss: torch.Tensor, grad_norm: torch.Tensor,
                      version: int, minibatch: int, n_minibatches: int) -> None:
-        """Before a minibatch's optimizer step: the approximation's finiteness (a ValueError, a
-        bug in the inputs) and the loss's and gradient norm's (`NonFiniteUpdate`: the run has
-        diverged, a3po.run.health), read in one host transfer. Distributed, the flags are combined
-        over the ranks (one all-reduce), so every rank skips the step and raises together, even
-        when only one rank's share of the loss is non-finite."""
-        prox_ok = torch.stack(prox_flags).all() if prox_flags else torch.ones((), dtype=torch.bool, device=loss.device)
-        flags = torch.stack([prox_ok, torch.isfinite(loss), torch.isfinite(grad_norm.to(loss.device))])
-        if self.dist.world > 1:
-            flags = all_reduce_min(flags.to(torch.float32)) > 0
-        prox_finite, loss_finite, grad_finite = flags.tolist()
-        if not prox_finite:
-            raise ValueError(PROX_NOT_FINITE)
-        if not (loss_finite and grad_finite):
-            loss_value = float(loss)
-            if not loss_finite and math.isfinite(loss_value):
-                loss_value = math.nan  # this rank's share is finite, another rank's is not
-            raise NonFiniteUpdate(version, minibatch, n_minibatches, loss=loss_value, grad_norm=float(grad_norm))
+        """`a3po.learner.update.check_update` over this trainer's ranks."""
+        check_update(prox_flags, loss, grad_norm, version, minibatch, n_minibatches, self.dist)
 
     def _recomputed_prox(self, samples: list[Sample], plans) -> dict[int, torch.Tensor]:
         """The recompute forward when the method needs it (timed as `prox_logp`), or when
@@ -396,8 +283,3 @@ class Trainer:
             return behave
         return approximate_prox_logp(behave, logp.detach(), versions, version, method=self.algo.name,
                                      schedule=self.schedule, check_finite=False, **self.schedule_params)
-
-
-PROX_NOT_FINITE = ("approximate_prox_logp result has non-finite value(s) (NaN or Inf); all values must be finite. "
-                   "Check behave_logp/target_logp for -inf (a token the policy gives probability 0).")
-

@@ -28,7 +28,7 @@ from a3po.run.loop import train_loop
 from a3po.run.metrics_log import MetricsLogger
 from a3po.run.parts import build_parts, warm_up
 from a3po.run.resume import open_run_dir, restore
-from a3po.run.rundir import release_run_dir
+from a3po.run.lock import release_run_dir
 from a3po.run.seeds import rank_seed, seed_everything
 
 __all__ = ["run", "run_dir_of"]

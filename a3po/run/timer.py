@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 
@@ -49,3 +49,40 @@ class PhaseTimer:
         out.update({f"time/{name}": seconds for name, seconds in self._seconds.items()})
         self._seconds.clear()
         return out
+
+
+class DeviceSpans:
+    """Seconds spent in short spans inside the micro-batch loop, without a host sync per span.
+
+    On a GPU a synchronizing timer around each micro-batch's approximation would stall the
+    launch queue twice per micro-batch; CUDA events are recorded instead and read after the
+    step's one sync. On CPU, work is synchronous and the wall clock is exact.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.on_cuda = device.type == "cuda"
+        self.events: list[tuple[Any, Any]] = []
+        self.cpu_seconds = 0.0
+
+    @contextmanager
+    def span(self) -> Iterator[None]:
+        if self.on_cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            try:
+                yield
+            finally:
+                end.record()
+                self.events.append((start, end))
+        else:
+            started = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.cpu_seconds += time.perf_counter() - started
+
+    def seconds(self) -> float:
+        """Total; on a GPU call it after the step's sync (the last event is waited for anyway)."""
+        if self.events:
+            self.events[-1][1].synchronize()
+        return self.cpu_seconds + sum(start.elapsed_time(end) for start, end in self.events) / 1000.0

@@ -1,0 +1,51 @@
+"""Loading a Hugging Face causal LM and its tokenizer the way every a3po model is loaded:
+the dtype, the attention implementation, the padding side, the chat template check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+__all__ = ["DTYPES", "ATTN_IMPLEMENTATION", "dtype_kwargs", "load_pretrained", "prepare_tokenizer", "check_chat_template"]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# eager attention: the behaviour log-probs of a batched, left-padded `generate` match the
+# trainer's right-padded forward more closely than with sdpa, and its masked softmax is one
+# code path whatever the padding (docs/benchmarks.md, "Attention implementation").
+ATTN_IMPLEMENTATION = "eager"
+
+
+def dtype_kwargs(dtype: torch.dtype) -> dict:
+    """transformers renamed `torch_dtype` to `dtype` in 4.56; accept both generations."""
+    import transformers
+    from packaging.version import Version
+
+    if Version(transformers.__version__) >= Version("4.56"):
+        return {"dtype": dtype}
+    return {"torch_dtype": dtype}
+
+def load_pretrained(path: str, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, attn_implementation=ATTN_IMPLEMENTATION, **dtype_kwargs(dtype)
+    )
+    return model, tokenizer
+
+def prepare_tokenizer(tokenizer) -> None:
+    # Left padding keeps every prompt's last token at the same position, so batched
+    # generation appends new tokens directly after real text rather than after padding.
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+
+def check_chat_template(tokenizer, source: Path) -> None:
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if "<|im_start|>" not in template:
+        raise RuntimeError(
+            f"the SmolLM2 tokenizer from {source} has no ChatML chat template; the converted "
+            f"cache is damaged: delete {source} and it will be rebuilt from the GGUF"
+        )
