@@ -155,18 +155,35 @@ def validate_world(cfg: DictConfig, world: int) -> None:
 
 
 def validate_config(cfg: DictConfig) -> None:
-    """Every check that needs no model, tokenizer or data. Raises ConfigError."""
+    """Every check that needs no model, tokenizer or data, group by group. Raises ConfigError."""
+    from a3po.models import validate_model_cfg
+    from a3po.tasks import validate_task_cfg
+
     _require(isinstance(cfg.train.log_prox_errors, bool), "train.log_prox_errors", cfg.train.log_prox_errors,
              "it must be true or false")
     _validate_axes(cfg)
+    _validate_top(cfg)
+    _validate_train(cfg.train)
+    _validate_rollout(cfg.rollout, cfg.train)
+    _validate_runtime_and_logger(cfg)
+    validate_model_cfg(cfg.model)
+    validate_task_cfg(cfg.task)
+
+
+def _validate_top(cfg: DictConfig) -> None:
+    from a3po.run.rundir import ON_CONFIG_CHANGE
+
     _require(_is_int(cfg.staleness) and cfg.staleness >= 0, "staleness", cfg.staleness, "it must be an integer >= 0")
     _require(_is_int(cfg.seed) and cfg.seed >= 0, "seed", cfg.seed, "it must be an integer >= 0")
     _require(cfg.device in DEVICES, "device", cfg.device, f"allowed: {list(DEVICES)}")
     precision = cfg.get("precision", "auto")
     _require(precision in PRECISIONS or precision in RESOLVED_PRECISIONS, "precision", precision,
              f"allowed: {list(PRECISIONS)}")
+    _require(cfg.on_config_change in ON_CONFIG_CHANGE, "on_config_change", cfg.on_config_change,
+             f"allowed: {list(ON_CONFIG_CHANGE)}")
 
-    train = cfg.train
+
+def _validate_train(train: DictConfig) -> None:
     for key in ("total_steps", "n_prompts", "n_samples", "n_minibatches", "token_budget"):
         _require(_is_int(train[key]) and train[key] >= 1, f"train.{key}", train[key], "it must be an integer >= 1")
     _require(train.n_prompts * train.n_samples >= train.n_minibatches, "train.n_minibatches", train.n_minibatches,
@@ -188,14 +205,11 @@ def validate_config(cfg: DictConfig) -> None:
              collapse_steps, "it must be an integer >= 1 (consecutive steps), or null for 3")
     for key in ("adv_norm_std", "adv_std_unbiased", "adv_batch_norm", "keep_checkpoint", "save_final_model", "warmup"):
         _require(isinstance(train[key], bool), f"train.{key}", train[key], "it must be true or false")
-    from a3po.run.rundir import ON_CONFIG_CHANGE
-
-    _require(cfg.on_config_change in ON_CONFIG_CHANGE, "on_config_change", cfg.on_config_change,
-             f"allowed: {list(ON_CONFIG_CHANGE)}")
     _require(train.max_steps_this_run is None or (_is_int(train.max_steps_this_run) and train.max_steps_this_run >= 1),
              "train.max_steps_this_run", train.max_steps_this_run, "it must be an integer >= 1, or null")
 
-    rollout = cfg.rollout
+
+def _validate_rollout(rollout: DictConfig, train: DictConfig) -> None:
     from a3po.rollout import ENGINES
 
     _require(rollout.name in ENGINES, "rollout.name", rollout.name, f"allowed: {sorted(ENGINES)}")
@@ -210,14 +224,10 @@ def validate_config(cfg: DictConfig) -> None:
     _require(train.token_budget > rollout.max_new_tokens, "train.token_budget", train.token_budget,
              f"it must exceed rollout.max_new_tokens={rollout.max_new_tokens} so one sequence fits a micro-batch")
 
+
+def _validate_runtime_and_logger(cfg: DictConfig) -> None:
     _require(cfg.runtime.name in RUNTIMES, "runtime.name", cfg.runtime.name, f"allowed: {list(RUNTIMES)}")
     if cfg.runtime.name == "async":
         eta = cfg.runtime.get("max_staleness")
         _require(_is_int(eta) and eta >= 0, "runtime.max_staleness", eta, "it must be an integer >= 0")
     _require(cfg.logger.mode in LOGGER_MODES, "logger.mode", cfg.logger.mode, f"allowed: {list(LOGGER_MODES)}")
-
-    from a3po.models import validate_model_cfg
-    from a3po.tasks import validate_task_cfg
-
-    validate_model_cfg(cfg.model)
-    validate_task_cfg(cfg.task)

@@ -163,7 +163,7 @@ def test_interrupted_generation_stamps_each_token_with_the_weights_that_sampled_
 
 def test_update_between_generations_stamps_each_call_with_its_version_and_scheduling_is_synchronous(setup):
     """Versions are right only if engine.step() is synchronous: pinned, and checked end to end."""
-    from a3po.rollout.vllm_engine import _scheduling_is_synchronous
+    from a3po.rollout.vllm_start import _scheduling_is_synchronous
 
     cfg, policy, tokenizer, engine, trainer, prompts = setup
     vllm_engine = engine.llm.llm_engine
