@@ -228,6 +228,6 @@ def approx_error(df: pd.DataFrame, out_dir: str | Path, options: SaveOptions = D
         ax.set_xlabel("staleness d (policy versions)")
         ax.set_ylabel(y_label)
         ax.grid(True, alpha=0.3)
-    fig.suptitle("Proximal-policy approximation error against recompute (metrics mode)" + seed_note(data))
+    fig.suptitle("Proximal-policy approximation error against recompute (train.log_prox_errors)" + seed_note(data))
     legend(fig, sorted_labels(data["label"]), colours, title="approximation")
     return save(fig, data, Path(out_dir), stem, options)

@@ -97,7 +97,7 @@ def colour_map(labels: Iterable[str]) -> dict[str, str]:
 
 
 def linestyle(name: str) -> str:
-    """Dashed for metrics mode and for every variant of a base algorithm."""
+    """Dashed for every variant of a base algorithm."""
     return "--" if name == "metrics" or name != base_algo(name) else "-"
 
 

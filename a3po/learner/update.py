@@ -20,9 +20,9 @@ def all_finite(values: torch.Tensor) -> torch.Tensor:
     """A 0-dim bool on the values' device, with no host sync, in one reduction pass.
 
     A NaN or an infinity anywhere makes the sum non-finite, so this is `isfinite(values).all()`
-    (five elementwise passes in eager mode: abs, ne, eq, mul, all; tens of times slower on 1M
-    tokens here, docs/benchmarks.md) except where finite values sum past float32's 3.4e38, which log-probs of any
-    real policy never approach; a float64 sum would rule that out too but is 10x slower on CPU.
+    (five elementwise passes in eager mode: abs, ne, eq, mul, all; far slower, docs/benchmarks.md)
+    except where finite values sum past float32's 3.4e38, which log-probs of any real policy
+    never approach; a float64 sum would rule that out too, at a cost on CPU.
     """
     return torch.isfinite(values.sum())
 
@@ -32,8 +32,7 @@ def make_optimizer(policy: torch.nn.Module, train_cfg) -> torch.optim.Optimizer:
 
     The step is memory-bound: the fused kernel reads weights, gradients and both moments and
     writes back weights and moments once per parameter; the default CPU implementation runs
-    about ten separate elementwise ops over them (3.7x slower for SmolLM2-135M here,
-    docs/benchmarks.md).
+    about ten separate elementwise ops over them (docs/benchmarks.md, "AdamW").
     """
     params = [p for p in policy.parameters() if p.requires_grad]
     kwargs = dict(lr=train_cfg.lr, betas=tuple(train_cfg.adam_betas), eps=train_cfg.adam_eps,

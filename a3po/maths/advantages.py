@@ -12,7 +12,7 @@ def grpo_advantages(rewards: torch.Tensor, *, norm_std: bool = True, unbiased: b
     """Group-normalised rewards. rewards: [n_groups, group_size] -> same shape.
 
     (r - group mean), divided by (group std + eps) when norm_std. The defaults are AReaL's
-    group normalisation (`Normalization` in areal/utils/data.py: `std_unbiased=True`,
+    group normalisation (`Normalization`: `std_unbiased=True`,
     `eps=1e-5`): the unbiased (n - 1) std. `unbiased=False` gives the population (n) std that
     some other GRPO implementations use; for a group of 4 the two differ by sqrt(4/3). A group
     whose rewards are all equal carries no preference: its advantage is exactly 0, never NaN,

@@ -89,7 +89,7 @@ def none(log_w, seq_index, valid, *, cap: float | None) -> Correction:
 
     This is `train.behave_weight_cap` of `ppo_actor_loss` (a3po/maths/loss.py), bit for bit: keep =
     valid & (w <= cap), counted in masked_high. AReaL's former `behav_imp_weight_cap` (now
-    RejectionSamplingConfig action=mask, metric=ratio, level=token, areal/utils/functional)
+    RejectionSamplingConfig action=mask, metric=ratio, level=token)
     does the same to the same ratio, pi_prox/pi_behave.
     """
     _check_inputs(log_w, seq_index, valid)
@@ -102,11 +102,10 @@ def none(log_w, seq_index, valid, *, cap: float | None) -> Correction:
 def tis(log_w, seq_index, valid, *, cap: float) -> Correction:
     """Token truncated IS: weight = min(w, C); every valid token is kept.
 
-    verl `rollout_is=token` with `rollout_is_threshold` (verl/trainer/ppo/rollout_corr_helper.py,
-    compute_rollout_correction_weights), slime `--use-tis --tis-clip` (vanilla_tis_function,
-    slime/backends/megatron_utils/loss.py; it also clamps below at `--tis-clip-low`, default 0)
-    and TRL `token_truncate` all apply it to pi_old/pi_rollout; we apply it to w. C = inf is
-    `none`. truncated = fraction of valid tokens with w > C.
+    verl `rollout_is=token` with `rollout_is_threshold` (compute_rollout_correction_weights),
+    slime `--use-tis --tis-clip` (vanilla_tis_function; it also clamps below at
+    `--tis-clip-low`, default 0) and TRL `token_truncate` all apply it to pi_old/pi_rollout; we
+    apply it to w. C = inf is `none`. truncated = fraction of valid tokens with w > C.
     """
     _check_inputs(log_w, seq_index, valid)
     valid = valid.bool()
@@ -118,7 +117,7 @@ def tis(log_w, seq_index, valid, *, cap: float) -> Correction:
 def icepop(log_w, seq_index, valid, *, lo: float, hi: float) -> Correction:
     """Token mask (IcePop / token MIS): keep = lo <= w <= hi (inclusive); weight = w on kept.
 
-    slime `icepop_function` (slime/backends/megatron_utils/loss.py) multiplies the loss by
+    slime `icepop_function` multiplies the loss by
     where(lo <= r <= hi, r, 0) with r = pi_old/pi_rollout, i.e. by the ratio itself on kept
     tokens; TRL `token_mask` likewise; verl `rollout_rs=token_k1` masks only. We apply it to w.
     """
@@ -142,7 +141,7 @@ def seq_tis(log_w, seq_index, valid, *, cap: float) -> Correction:
     peer: verl `rollout_is=sequence` broadcasts min(prod_t r_t, C) (a product, the length trap
     we avoid), TRL `sequence_truncate` clamp(exp(sum_t log r_t)), both on pi_old/pi_rollout;
     AReaL RejectionSamplingConfig(level=sequence, metric=ratio, action=clamp) broadcasts the
-    geometric mean on pi_prox/pi_behave (areal/utils/functional, apply_rejection_sampling).
+    geometric mean on pi_prox/pi_behave (`apply_rejection_sampling`).
     truncated = fraction of valid tokens whose rho_i > C.
     """
     _check_inputs(log_w, seq_index, valid)
@@ -176,7 +175,7 @@ def m2po(log_w, seq_index, valid, *, tau: float) -> Correction:
     With m2 sorted descending, k = the first index whose suffix mean sum_{j>=k} m2_j / (n - k)
     is < tau; the k largest are dropped. If no suffix qualifies, all but the smallest are
     dropped. This is AReaL's `_apply_m2po_masking` / `_get_m2po_loss_mask`
-    (areal/trainer/ppo/actor.py, `actor.m2_threshold`), on the same ratio (old_logp - prox_logp,
+    (`actor.m2_threshold`), on the same ratio (old_logp - prox_logp,
     squared). Unlike AReaL, whose masked loss_mask then shrinks the denominator, ours stays
     n_valid. The set is the valid tokens of the call (AReaL: the micro-batch its loss sees).
     A dropped token counts as masked_high if log w > 0, else masked_low.

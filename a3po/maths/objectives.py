@@ -62,7 +62,7 @@ def ppo(logp, prox_logp, advantages, seq_index, valid, *, eps_clip: float,
         eps_clip_higher: float | None = None) -> Objective:
     """PPO clip: per_token = max(-A r, -A clip(r, 1 - eps, 1 + eps_high)), r = exp(logp - prox).
 
-    Exactly `ppo_actor_loss` (a3po/maths/loss.py; AReaL's ppo_actor_loss_fn, areal/utils/functional)
+    Exactly AReaL's `ppo_actor_loss_fn` (tests/oracles.py)
     before its behaviour weight: the same clipped-token definition (-A r < -A clip(r)), and
     eps_clip_higher=None meaning symmetric; it differs only where log r > MAX_LOG_RATIO, where
     ppo_actor_loss overflows. clip_high is the part of that set with r > 1 (A > 0),
@@ -83,7 +83,7 @@ def gspo(logp, prox_logp, advantages, seq_index, valid, *, eps_clip: float,
     clip is decided per sequence (for GRPO advantages, constant within a sequence; we use the
     per-token A as verl and TRL do, AReaL uses the sequence mean of A: the same for GRPO).
     Gradient: the GSPO-token form of verl `loss_mode=gspo` (compute_policy_loss_gspo,
-    verl/trainer/ppo/core_algos.py): log s_{i,t} = (logp_t - sg(logp_t)) + sg(log s_i), whose
+    docs/design.md, "Sources"): log s_{i,t} = (logp_t - sg(logp_t)) + sg(log s_i), whose
     value is s_i and whose gradient goes to token t's own log-prob. Summed over a sequence with
     equal token weights this is the gradient of s_i itself (TRL importance_sampling_level=
     "sequence", AReaL importance_sampling_level="sequence"); unlike it, a per-token behaviour

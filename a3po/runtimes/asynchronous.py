@@ -1,12 +1,11 @@
 """`runtime=async`: rollout runs concurrently with training, its staleness bounded by eta.
 
 Why a thread and not a process: the heavy work on both sides is torch kernels, which release
-the GIL, so a thread overlaps them (SmolLM2-135M with the HF engine on 2 shared CPU cores, one
-torch thread each: 4 steps took 99 s async against 145 s lagged). The GIL only shows when
-both sides are Python-bound (the tiny test model: 22 s against 19 s). A process would have to
-receive every update through serialisation or shared memory (vLLM 0.32's multiprocess engine
-cannot take tensors through `collective_rpc` at all), where a thread hands over a memory copy
-(HF) or a by-reference in-place reload (vLLM, about 1 s for SmolLM2), and stops with a join.
+the GIL, so a thread overlaps them (docs/benchmarks.md, "Rollout engines and runtimes");
+the GIL only shows when both sides are Python-bound (the tiny test model). A process would
+have to receive every update through serialisation or shared memory (vLLM 0.32's multiprocess
+engine cannot take tensors through `collective_rpc` at all), where a thread hands over a
+memory copy (HF) or a by-reference in-place reload (vLLM), and stops with a join.
 
 Admission is AReaL's `StalenessManager` rule: a rollout may start only while
 `accepted + running < (eta + version + 1) * batch_size`. Here a rollout is one prompt group
