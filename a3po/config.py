@@ -20,6 +20,8 @@ from a3po.maths.schedules import SCHEDULES, validate_schedule
 
 RUNTIMES = ("lagged", "async")
 LOGGER_MODES = ("offline", "online", "disabled")
+# A run directory that holds another config's run: stop (error) or start it afresh (restart).
+ON_CONFIG_CHANGE = ("error", "restart")
 
 
 def schedule_label(schedule: Mapping[str, Any]) -> str:
@@ -129,7 +131,7 @@ def _validate_axes(cfg: DictConfig) -> None:
 
 
 def validate_world(cfg: DictConfig, world: int) -> None:
-    """Every rank of a distributed run (a3po.run.distributed) needs at least one sample of every
+    """Every rank of a distributed run (a3po.distributed) needs at least one sample of every
     minibatch: the smallest of the step's n_minibatches parts must hold `world` samples. And
     vLLM cannot be rank 0's rollout engine yet: its in-process engine finds torch.distributed
     initialised by torchrun and builds its groups over every trainer rank, which never join
@@ -171,8 +173,6 @@ def validate_config(cfg: DictConfig) -> None:
 
 
 def _validate_top(cfg: DictConfig) -> None:
-    from a3po.run.rundir import ON_CONFIG_CHANGE
-
     _require(_is_int(cfg.staleness) and cfg.staleness >= 0, "staleness", cfg.staleness, "it must be an integer >= 0")
     _require(_is_int(cfg.seed) and cfg.seed >= 0, "seed", cfg.seed, "it must be an integer >= 0")
     _require(cfg.device in DEVICES, "device", cfg.device, f"allowed: {list(DEVICES)}")

@@ -242,7 +242,7 @@ def test_approximation_runs_no_forward_and_a_nan_still_raises():
     from a3po.benchmark.probes import approximate_step
     from a3po.benchmark.workload import compose, make_trainer, synthetic_batch
     from a3po.models import load_policy
-    from a3po.run.timer import PhaseTimer
+    from a3po.timer import PhaseTimer
 
     cfg = compose(["model=tiny", "train.n_prompts=2", "train.n_samples=2", "train.n_minibatches=1",
                    "train.token_budget=32"])

@@ -83,7 +83,7 @@ def test_hf_engine_samples_as_the_trainer_computes_on_gpu():
     from a3po.models import load_policy
     from a3po.rollout import build_engine
     from a3po.tasks import build_task
-    from a3po.run.timer import PhaseTimer
+    from a3po.timer import PhaseTimer
     from a3po.rollout.producer import RolloutProducer
     from a3po.learner.trainer import Trainer
 

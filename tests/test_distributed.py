@@ -1,4 +1,4 @@
-"""Data-parallel training (a3po.run.distributed) on CPU with gloo: 2 processes under torchrun train
+"""Data-parallel training (a3po.distributed) on CPU with gloo: 2 processes under torchrun train
 the tiny model to the same weights and log the same metrics as 1 process; a 2-process run
 stopped after a step resumes to the same result; a world size too large for the minibatch
 fails at start.
@@ -155,7 +155,7 @@ def test_a_world_larger_than_a_minibatch_fails_at_start(tmp_path):
 
 def test_a_multi_task_submitit_job_is_a_distributed_run(monkeypatch):
     """hydra.launcher.tasks_per_node=N: each SLURM task becomes a rank (slurm/README.md)."""
-    from a3po.run.distributed import launched_world
+    from a3po.distributed import launched_world
 
     # submitit's export writes os.environ directly (not through monkeypatch): restore it all,
     # or a later test in this process would think it is rank 3 of 7

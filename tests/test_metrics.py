@@ -1,4 +1,4 @@
-"""Every metric is declared once (a3po.run.metrics): docs/design.md's table is that
+"""Every metric is declared once (a3po.metrics): docs/design.md's table is that
 declaration, and every key a run logs belongs to one."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from a3po.run.main import run, run_dir_of
-from a3po.run.metrics import METRICS, declaration_of, markdown_table, reduction_of
+from a3po.metrics import METRICS, declaration_of, markdown_table, reduction_of
 from a3po.run.metrics_log import read_metrics
 from conftest import REPO
 

@@ -68,7 +68,7 @@ def test_behave_logp_equals_trainer_forward_and_loglinear_at_staleness_zero(tiny
     from a3po.maths.proximal import approximate_prox_logp
     from a3po.rollout import build_engine
     from a3po.tasks import build_task
-    from a3po.run.timer import PhaseTimer
+    from a3po.timer import PhaseTimer
     from a3po.rollout.producer import RolloutProducer
     from a3po.learner.trainer import Trainer
 

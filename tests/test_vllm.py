@@ -48,7 +48,7 @@ def _config():
 def setup():
     from a3po.models import load_policy
     from a3po.rollout import build_engine
-    from a3po.run.timer import PhaseTimer
+    from a3po.timer import PhaseTimer
     from a3po.learner.trainer import Trainer
 
     cfg = _config()

@@ -17,7 +17,7 @@ from a3po.device import resolve_device, resolve_precision
 from a3po.learner.trainer import Trainer
 from a3po.maths.proximal import approximations
 from a3po.maths.schedules import SCHEDULES
-from a3po.run.timer import PhaseTimer
+from a3po.timer import PhaseTimer
 
 REPO = Path(__file__).resolve().parents[2]
 CONF_DIR = REPO / "conf"

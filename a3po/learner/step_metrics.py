@@ -1,5 +1,5 @@
 """The trainer's per-step metrics, reduced over the step's micro-batches and minibatches as
-a3po.run.metrics declares each name. Values stay on the device as 0-dim tensors until
+a3po.metrics declares each name. Values stay on the device as 0-dim tensors until
 `result()`, which reads them all in one host transfer (one sync per step on a GPU).
 """
 
@@ -9,13 +9,13 @@ from collections.abc import Mapping
 
 import torch
 
-from a3po.run.metrics import reduction_of
+from a3po.metrics import reduction_of
 
 __all__ = ["StepMetrics"]
 
 
 class StepMetrics:
-    """Collects one step's values; `result()` reduces them as a3po.run.metrics declares."""
+    """Collects one step's values; `result()` reduces them as a3po.metrics declares."""
 
     def __init__(self) -> None:
         self._values: dict[str, list[torch.Tensor]] = {}
@@ -48,7 +48,7 @@ class StepMetrics:
     def _reduce_across_ranks(self) -> dict[str, torch.Tensor]:
         """`_reduce` over every rank's values, in three all-reduces of one flat vector each
         (sum, max, min). Every rank must call it, with the same names."""
-        from a3po.run.distributed import all_reduce_max, all_reduce_min, all_reduce_sum
+        from a3po.distributed import all_reduce_max, all_reduce_min, all_reduce_sum
 
         names = list(self._values)  # the order they were added in: the same on every rank
         device = self._values[names[0]][0].device

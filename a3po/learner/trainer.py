@@ -2,8 +2,8 @@
 
 advantages (GRPO group norm) -> prox logp (by algo) -> n_minibatches optimizer updates, each
 accumulated over token-budget micro-batches -> grad clip -> optimizer step. The metric names
-and their reductions are declared in a3po.run.metrics, the maths in a3po.maths.loss and a3po.maths.proximal;
-this file only moves tensors between them and the model. With N ranks (a3po.run.distributed)
+and their reductions are declared in a3po.metrics, the maths in a3po.maths.loss and a3po.maths.proximal;
+this file only moves tensors between them and the model. With N ranks (a3po.distributed)
 each trains on its shard of every minibatch and the loss stays the 1-process token mean.
 """
 
@@ -24,9 +24,9 @@ from a3po.maths.logprobs import token_logprobs, token_logprobs_and_entropy
 from a3po.maths.loss import decoupled_loss
 from a3po.maths.proximal import ALGOS, approximate_prox_logp, approximation_errors
 from a3po.maths.schedules import validate_schedule
-from a3po.run.distributed import (SINGLE, DistInfo, all_reduce_max, all_reduce_sum, local_value, shard,
+from a3po.distributed import (SINGLE, DistInfo, all_reduce_max, all_reduce_sum, local_value, shard,
                                   wrap_fsdp)
-from a3po.run.timer import DeviceSpans, PhaseTimer
+from a3po.timer import DeviceSpans, PhaseTimer
 
 
 def _plain(node: Any) -> dict[str, Any]:
@@ -41,7 +41,7 @@ class Trainer:
     def __init__(self, policy: torch.nn.Module, cfg: Any, *, pad_id: int, device: torch.device, timer: PhaseTimer,
                  dist: DistInfo = SINGLE) -> None:
         self.policy = policy
-        # With N ranks (a3po.run.distributed) each trains on its shard of every minibatch; the
+        # With N ranks (a3po.distributed) each trains on its shard of every minibatch; the
         # model is sharded with FSDP2 before the optimizer sees its parameters.
         self.dist = dist
         self.algo = ALGOS.lookup(cfg.algo.name)

@@ -7,13 +7,34 @@ import math
 
 import torch
 
-from a3po.run.distributed import SINGLE, DistInfo, all_reduce_min
-from a3po.run.health import NonFiniteUpdate
+from a3po.distributed import SINGLE, DistInfo, all_reduce_min
 
-__all__ = ["all_finite", "make_optimizer", "check_update", "PROX_NOT_FINITE"]
+__all__ = ["all_finite", "make_optimizer", "check_update", "NonFiniteUpdate", "PROX_NOT_FINITE"]
 
 PROX_NOT_FINITE = ("approximate_prox_logp result has non-finite value(s) (NaN or Inf); all values must be finite. "
                    "Check behave_logp/target_logp for -inf (a token the policy gives probability 0).")
+
+
+class NonFiniteUpdate(RuntimeError):
+    """Raised by the trainer before an optimizer step whose loss or gradient norm is not
+    finite: that step was not taken, so the weights are those before the minibatch."""
+
+    def __init__(self, step: int, minibatch: int, n_minibatches: int, loss: float, grad_norm: float) -> None:
+        self.step, self.minibatch, self.n_minibatches = step, minibatch, n_minibatches
+        self.loss, self.grad_norm = loss, grad_norm
+        super().__init__(f"step {step}, minibatch {minibatch} (of 0..{n_minibatches - 1}): {self.reason}; "
+                         "its optimizer step was not taken")
+
+    @property
+    def non_finite(self) -> list[str]:
+        """Which of the two was not finite: `loss`, `grad_norm` or both."""
+        return [name for name, value in (("loss", self.loss), ("grad_norm", self.grad_norm))
+                if not math.isfinite(value)]
+
+    @property
+    def reason(self) -> str:
+        return " and ".join(f"the {'minibatch loss' if name == 'loss' else 'gradient norm'} is {getattr(self, name)}"
+                            for name in self.non_finite)
 
 
 def all_finite(values: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ import torch
 from a3po.cfg_access import cfg_get
 from a3po.models.loading import ATTN_IMPLEMENTATION, prepare_tokenizer
 from a3po.models.smollm2 import ensure_smollm2_converted
-from a3po.run.seeds import seeded
+from a3po.seeds import seeded
 
 __all__ = ["TINY_SIZE_KEYS", "build_tiny"]
 

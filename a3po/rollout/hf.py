@@ -17,7 +17,7 @@ import torch
 
 from a3po.batch import Sample
 from a3po.device import autocast, autocast_dtype
-from a3po.run.seeds import seeded
+from a3po.seeds import seeded
 from a3po.rollout.base import GenerationCancelled, StagedWeightUpdates
 
 

@@ -8,8 +8,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 from a3po.batch import RolloutBatch
-from a3po.run.seeds import Stream, stream_seed
-from a3po.run.timer import PhaseTimer
+from a3po.seeds import Stream, stream_seed
+from a3po.timer import PhaseTimer
 
 __all__ = ["Rollout", "RolloutProducer", "as_rollout"]
 

@@ -43,7 +43,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from a3po.batch import Sample
-from a3po.run.seeds import Stream, seeded, stream_seed
+from a3po.seeds import Stream, seeded, stream_seed
 from a3po.rollout.base import GenerationCancelled, StagedWeightUpdates
 from a3po.rollout.vllm_start import destroy_vllm_process_groups, start_llm
 

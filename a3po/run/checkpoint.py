@@ -9,31 +9,14 @@ previous checkpoint intact.
 from __future__ import annotations
 
 import os
-import random
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 
 def checkpoint_path(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints" / "last.pt"
-
-
-def rng_state() -> dict[str, Any]:
-    state = {"torch": torch.random.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.random.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def save_checkpoint(run_dir: Path, state: dict[str, Any]) -> Path:

@@ -29,35 +29,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from a3po.run.metrics import COLLAPSE_STEP, COLLAPSED
+from a3po.learner.update import NonFiniteUpdate  # noqa: F401  (raised by the trainer, recorded here)
+from a3po.metrics import COLLAPSE_STEP, COLLAPSED
 
 DIVERGED_MARKER = "diverged.json"
 # Exit statuses of experiments/train.py: 0 done, 1 a crash (Python's), 2 a config error,
 # 3 the run diverged (recorded in diverged.json).
 EXIT_CONFIG_ERROR = 2
 EXIT_DIVERGED = 3
-
-
-class NonFiniteUpdate(RuntimeError):
-    """Raised by the trainer before an optimizer step whose loss or gradient norm is not
-    finite: that step was not taken, so the weights are those before the minibatch."""
-
-    def __init__(self, step: int, minibatch: int, n_minibatches: int, loss: float, grad_norm: float) -> None:
-        self.step, self.minibatch, self.n_minibatches = step, minibatch, n_minibatches
-        self.loss, self.grad_norm = loss, grad_norm
-        super().__init__(f"step {step}, minibatch {minibatch} (of 0..{n_minibatches - 1}): {self.reason}; "
-                         "its optimizer step was not taken")
-
-    @property
-    def non_finite(self) -> list[str]:
-        """Which of the two was not finite: `loss`, `grad_norm` or both."""
-        return [name for name, value in (("loss", self.loss), ("grad_norm", self.grad_norm))
-                if not math.isfinite(value)]
-
-    @property
-    def reason(self) -> str:
-        return " and ".join(f"the {'minibatch loss' if name == 'loss' else 'gradient norm'} is {getattr(self, name)}"
-                            for name in self.non_finite)
 
 
 class RunDiverged(Exception):

@@ -14,14 +14,14 @@ import torch
 from tqdm.auto import tqdm
 
 from a3po.run.checkpoint import checkpoint_path
-from a3po.run.distributed import any_rank, broadcast_object
+from a3po.distributed import any_rank, broadcast_object
 from a3po.run.health import EXIT_DIVERGED, CollapseRule, CollapseWatch, NonFiniteUpdate, RunDiverged, divergence_record, write_divergence
 from a3po.run.metrics_log import MetricsLogger, read_metrics
 from a3po.run.parts import RunParts
 from a3po.run.preemption import GracefulStop
 from a3po.run.resume import finish, save_resume_state
-from a3po.run.seeds import Stream, stream_seed
-from a3po.run.metrics import COLLAPSE_STEP, COLLAPSED, DIVERGED
+from a3po.seeds import Stream, stream_seed
+from a3po.metrics import COLLAPSE_STEP, COLLAPSED, DIVERGED
 
 __all__ = ["train_step", "train_loop"]
 

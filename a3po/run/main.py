@@ -6,7 +6,7 @@ warm up -> the loop (a3po.run.loop). Re-running the same command resumes from
 `checkpoints/last.pt`; a finished run returns at once, and a diverged one (a3po.run.health)
 raises `RunDiverged` again at once.
 
-Under torchrun (a3po.run.distributed, docs/distributed.md) every rank runs this: rank 0 alone
+Under torchrun (a3po.distributed, docs/distributed.md) every rank runs this: rank 0 alone
 generates (and broadcasts each batch), evaluates, logs and writes the run directory; every
 rank trains on its shard of each minibatch.
 """
@@ -22,14 +22,14 @@ from omegaconf import DictConfig
 
 from a3po.config import validate_config, validate_world
 from a3po.device import resolve_device, resolve_precision
-from a3po.run.distributed import DistInfo, close_distributed, init_distributed, launched_world, rank_device
+from a3po.distributed import DistInfo, close_distributed, init_distributed, launched_world, rank_device
 from a3po.run.health import RunDiverged
 from a3po.run.loop import train_loop
 from a3po.run.metrics_log import MetricsLogger
 from a3po.run.parts import build_parts, warm_up
 from a3po.run.resume import open_run_dir, restore
 from a3po.run.lock import release_run_dir
-from a3po.run.seeds import rank_seed, seed_everything
+from a3po.seeds import rank_seed, seed_everything
 
 __all__ = ["run", "run_dir_of"]
 

@@ -15,8 +15,8 @@ from omegaconf import DictConfig
 from a3po.device import resolve_device
 from a3po.learner.trainer import Trainer
 from a3po.rollout.producer import RolloutProducer
-from a3po.run.distributed import DistInfo, full_state_dict
-from a3po.run.timer import PhaseTimer
+from a3po.distributed import DistInfo, full_state_dict
+from a3po.timer import PhaseTimer
 
 __all__ = ["RunParts", "WeightSync", "build_parts", "build_runtime", "warm_up"]
 

@@ -12,8 +12,9 @@ from typing import Any
 from omegaconf import DictConfig
 
 from a3po.errors import ConfigError
-from a3po.run.checkpoint import load_checkpoint, remove_checkpoint, rng_state, save_checkpoint, set_rng_state
-from a3po.run.distributed import DistInfo, broadcast_object, full_optimizer_state_dict, full_state_dict, load_full_state
+from a3po.run.checkpoint import load_checkpoint, remove_checkpoint, save_checkpoint
+from a3po.seeds import rng_state, set_rng_state
+from a3po.distributed import DistInfo, broadcast_object, full_optimizer_state_dict, full_state_dict, load_full_state
 from a3po.run.health import DIVERGED_MARKER, read_divergence
 from a3po.run.parts import RunParts
 from a3po.run.rundir import claim_run_dir, finished_steps, mark_finished

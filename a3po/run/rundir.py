@@ -62,7 +62,6 @@ LEGACY_VALUES = {"precision": "fp32"}
 # unused beside another objective or correction, so the new home alone is compared.
 MOVED_KEYS = {"train.eps_clip": "objective.eps_clip", "train.eps_clip_higher": "objective.eps_clip_higher",
               "train.behave_weight_cap": "correction.cap"}
-ON_CONFIG_CHANGE = ("error", "restart")
 FINISHED_MARKER = "finished.json"
 
 

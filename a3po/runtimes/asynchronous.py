@@ -27,7 +27,7 @@ from typing import Callable
 from a3po.batch import RolloutBatch
 from a3po.rollout.base import GenerationCancelled
 from a3po.rollout.producer import Rollout, as_rollout
-from a3po.run.timer import PhaseTimer
+from a3po.timer import PhaseTimer
 from a3po.runtimes.staleness import staleness_metrics
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ import hashlib
 
 import numpy as np
 
-from a3po.run.seeds import Stream, task_rng
+from a3po.seeds import Stream, task_rng
 
 DEFAULT_HELD_OUT_FRACTION = 0.2
 # Seed of the eval order: constant for the reason given in the module docstring.

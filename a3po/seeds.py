@@ -17,11 +17,12 @@ import contextlib
 import enum
 import random
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["Stream", "stream_seed", "task_rng", "seed_everything", "seeded", "rank_seed"]
+__all__ = ["Stream", "stream_seed", "task_rng", "seed_everything", "seeded", "rank_seed", "rng_state", "set_rng_state"]
 
 
 class Stream(enum.IntEnum):
@@ -80,3 +81,20 @@ def seeded(seed: int) -> Iterator[None]:
         torch.random.set_rng_state(cpu_state)
         if cuda_states is not None:
             torch.cuda.set_rng_state_all(cuda_states)
+
+
+def rng_state() -> dict[str, Any]:
+    """Every global generator's state (python, numpy, torch CPU and CUDA): what a checkpoint
+    saves and a block that must not move the streams restores."""
+    state = {"torch": torch.random.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.random.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -105,7 +105,7 @@ def declaration_of(key: str) -> Metric:
     for metric in METRICS:
         if metric.matches(key):
             return metric
-    raise KeyError(f"metric {key!r} is not declared; add it to a3po.run.metrics.METRICS (and docs/design.md)")
+    raise KeyError(f"metric {key!r} is not declared; add it to a3po.metrics.METRICS (and docs/design.md)")
 
 
 def reduction_of(key: str) -> str:
@@ -117,7 +117,7 @@ def reduction_of(key: str) -> str:
 
 
 def markdown_table() -> str:
-    """The table docs/design.md carries (`python -m a3po.run.metrics` prints it)."""
+    """The table docs/design.md carries (`python -m a3po.metrics` prints it)."""
     rows = [f"| `{m.name}` | {m.source} | {m.reduction} | {m.meaning} |" for m in METRICS]
     return "\n".join(["| name | source | reduction | meaning |", "|---|---|---|---|", *rows])
 
