@@ -18,6 +18,7 @@ SCHEDULE_PARAMS = {
     "constant": {"c": 0.25},
     "behave": {},
     "target": {},
+    "step_start": {},
 }
 
 
@@ -215,3 +216,42 @@ def test_shape_mismatch_and_nonfinite_raise():
     nan_behave[0, 2] = float("nan")
     with pytest.raises(ValueError, match="NaN or Inf"):
         approximate_prox_logp(nan_behave, TARGET, VERSIONS, 4, method="linear")
+
+
+# ---- step_start: the step-start anchor under linear drift ----------------------------------
+
+
+def _linear_drift(d: torch.Tensor, position: float, slope: torch.Tensor):
+    """Per-token log-probs drifting linearly with versions: behaviour (version t - d), the
+    step-start weights (version t, recompute's anchor) and the current weights in minibatch k of
+    m (version t + k/m)."""
+    behave = torch.full_like(slope, -2.0)
+    return behave, behave + d * slope, behave + (d + position) * slope
+
+
+@pytest.mark.parametrize("position", [0.0, 0.25, 0.5, 0.75])
+def test_step_start_is_exact_under_linear_drift_and_inverse_is_not(position):
+    versions = torch.tensor([[3, 4, 5, 6]])  # trained at version 7: d = 4, 3, 2, 1
+    d = (7 - versions).float()
+    slope = torch.tensor([[0.3, -0.2, 0.05, 0.4]])
+    behave, step_start_truth, current = _linear_drift(d, position, slope)
+    got = approximate_prox_logp(behave, current, versions, 7, schedule="step_start", position=position)
+    torch.testing.assert_close(got, step_start_truth, rtol=0, atol=1e-6)
+    inverse = approximate_prox_logp(behave, current, versions, 7, schedule="inverse", position=position)
+    assert (inverse - step_start_truth).abs().max() > 1e-2  # one version behind (and k/m more)
+
+
+def test_step_start_edge_cases():
+    behave, current = torch.tensor([[-1.0, -2.0, -3.0]]), torch.tensor([[-1.5, -2.5, -2.0]])
+    versions = torch.tensor([[2, 1, -1]])  # d = 2, 3 and a prompt token
+    # k = 0: alpha = 1 on every generated token, the current policy (= the step-start one)
+    first = approximate_prox_logp(behave, current, versions, 4, schedule="step_start", position=0.0)
+    assert first[0, :2].tolist() == current[0, :2].tolist() and first[0, 2] == behave[0, 2]
+    # d = 0 (fresh tokens): the behaviour policy, which is the step-start policy there
+    fresh = approximate_prox_logp(behave, current, torch.tensor([[4, 4, 4]]), 4, schedule="step_start", position=0.5)
+    assert torch.equal(fresh, behave)
+    # alpha = d / (d + k/m) by hand: d = 2, k/m = 0.5 -> 0.8
+    alpha = target_weight(torch.tensor([2]), 4, "step_start", position=0.5)
+    assert alpha.item() == pytest.approx(0.8)
+    with pytest.raises(ValueError, match=r"position=1.0 is not allowed"):
+        target_weight(torch.tensor([2]), 4, "step_start", position=1.0)

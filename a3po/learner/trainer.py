@@ -219,7 +219,8 @@ class Trainer:
                         prox = torch.cat([recomputed[i] for i in micro])
                     else:
                         with approximation_time.span():
-                            prox = self.approximate_prox(tokens["behave"], logp, tokens["versions"], version)
+                            prox = self.approximate_prox(tokens["behave"], logp, tokens["versions"], version,
+                                                         position=index / len(plans))
                             finite_flags.append(all_finite(prox))
                     loss, stats = self.loss(logp, prox, tokens)
                     weight = logp.numel() / n_tokens  # token mean over the whole minibatch, every rank's shard
@@ -229,7 +230,8 @@ class Trainer:
                     if self.error_schedules:
                         reference = torch.cat([recomputed[i] for i in micro])
                         metrics.add(approximation_errors(reference, tokens["behave"], logp.detach(), tokens["versions"],
-                                                         version, tokens["mask"], self.error_schedules), n_tokens=logp.numel())
+                                                         version, tokens["mask"], self.error_schedules,
+                                                         position=index / len(plans)), n_tokens=logp.numel())
                 grad_norm = local_value(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.grad_clip))
                 # one host sync per minibatch, before the update: nothing non-finite reaches the weights
                 self.check_update(finite_flags, minibatch_loss, grad_norm, version, index, len(plans))
@@ -276,10 +278,12 @@ class Trainer:
         }
 
     def approximate_prox(self, behave: torch.Tensor, logp: torch.Tensor, versions: torch.Tensor,
-                         version: int) -> torch.Tensor:
+                         version: int, position: float = 0.0) -> torch.Tensor:
         """One micro-batch's proximal log-probs without a forward pass (coupled: the behaviour
-        policy itself). The finite check is the caller's, once per minibatch (no host sync here)."""
+        policy itself), in minibatch k of m (`position` = k/m). The finite check is the
+        caller's, once per minibatch (no host sync here)."""
         if self.algo.anchor == "behave":
             return behave
         return approximate_prox_logp(behave, logp.detach(), versions, version, method=self.algo.name,
-                                     schedule=self.schedule, check_finite=False, **self.schedule_params)
+                                     schedule=self.schedule, position=position, check_finite=False,
+                                     **self.schedule_params)

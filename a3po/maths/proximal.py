@@ -105,6 +105,7 @@ def approximate_prox_logp(
     *,
     method: str = "loglinear",
     schedule: str = "inverse",
+    position: float = 0.0,
     check_finite: bool = True,
     **schedule_params: float,
 ) -> torch.Tensor:
@@ -125,7 +126,7 @@ def approximate_prox_logp(
         raise ValueError(
             f"behave_logp and target_logp must be floating point, got {behave_logp.dtype} and {target_logp.dtype}"
         )
-    alpha = target_weight(versions, current_version, schedule, **schedule_params)
+    alpha = target_weight(versions, current_version, schedule, position, **schedule_params)
     prox_logp = interpolate(behave_logp.detach(), target_logp.detach(), alpha, versions)
     if check_finite:
         _check_finite("approximate_prox_logp result", prox_logp)
@@ -160,6 +161,7 @@ def approximation_errors(
     loss_mask: torch.Tensor,
     schedules: Mapping[str, Mapping[str, float]],
     methods: tuple[str, ...] | None = None,
+    position: float = 0.0,
 ) -> dict[str, torch.Tensor]:
     """How far is each approximation from the recomputed proximal policy?
 
@@ -182,7 +184,7 @@ def approximation_errors(
         for method in methods or approximations():
             approx = approximate_prox_logp(
                 behave_logp, target_logp, versions, current_version,
-                method=method, schedule=schedule, check_finite=False, **dict(params),
+                method=method, schedule=schedule, position=position, check_finite=False, **dict(params),
             )
             label = schedule if method == "loglinear" else f"{schedule}-{method}"
             errors = {

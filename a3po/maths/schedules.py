@@ -3,8 +3,10 @@
 Each schedule maps staleness d >= 1 (a float32 tensor) to the TARGET weight alpha; the
 behaviour weight is w_b(d) = 1 - alpha. d == 0 and prompt tokens never reach a schedule: they
 get alpha = 0 (the behaviour policy itself) in `target_weight`. Each function's first comment
-gives its w_b (docs/design.md, "Alpha schedules"). A new schedule is its function and its
-`Spec` in `SCHEDULES` below, plus `conf/schedule/<name>.yaml`.
+gives its w_b (docs/design.md, "Alpha schedules"). A schedule whose spec has
+`uses_position=True` also takes `position` = k/m, the minibatch being trained (k of m, from 0)
+as a fraction of the step. A new schedule is its function and its `Spec` in `SCHEDULES`
+below, plus `conf/schedule/<name>.yaml`.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from typing import Mapping
 
 import torch
 
+from dataclasses import dataclass
+
 from a3po.maths.spec import Param, Registry, Spec
 
-__all__ = ["SCHEDULES", "target_weight", "validate_schedule"]
+__all__ = ["SCHEDULES", "ScheduleSpec", "target_weight", "validate_schedule"]
 
 
 def inverse(staleness: torch.Tensor) -> torch.Tensor:
@@ -55,17 +59,34 @@ def target(staleness: torch.Tensor) -> torch.Tensor:
     return torch.ones_like(staleness)
 
 
+def step_start(staleness: torch.Tensor, position: float) -> torch.Tensor:
+    # w_b = (k/m) / (d + k/m): the weights at the start of the step (recompute's anchor) under
+    # log-probs that drift linearly with versions, a minibatch update being 1/m of a version
+    # (docs/design.md, "The step-start schedule"). k = 0: alpha = 1, the current policy, which
+    # is the step-start policy exactly.
+    return staleness / (staleness + position)
+
+
+@dataclass(frozen=True)
+class ScheduleSpec(Spec):
+    """An alpha schedule; `uses_position`: its function also takes `position` = k/m."""
+
+    uses_position: bool = False
+
+
 SCHEDULES = Registry("schedule", (
-    Spec("inverse", inverse, "w_b = 1/d: AReaL's anchor one version behind the current policy"),
-    Spec("inverse_sqrt", inverse_sqrt, "w_b = 1/sqrt(d)"),
-    Spec("exponential", exponential, "w_b = gamma^(d-1)",
-         {"gamma": Param(0.5, lambda v: 0.0 < v <= 1.0, "in (0, 1]")}),
-    Spec("linear_decay", linear_decay, "w_b = max(0, 1 - (d-1)/horizon)",
-         {"horizon": Param(8.0, lambda v: v >= 1.0, ">= 1")}),
-    Spec("constant", constant, "w_b = c",
-         {"c": Param(0.5, lambda v: 0.0 <= v <= 1.0, "in [0, 1]")}),
-    Spec("behave", behave, "w_b = 1: the behaviour policy"),
-    Spec("target", target, "w_b = 0: the detached current policy"),
+    ScheduleSpec("inverse", inverse, "w_b = 1/d: AReaL's anchor one version behind the current policy"),
+    ScheduleSpec("inverse_sqrt", inverse_sqrt, "w_b = 1/sqrt(d)"),
+    ScheduleSpec("exponential", exponential, "w_b = gamma^(d-1)",
+                 {"gamma": Param(0.5, lambda v: 0.0 < v <= 1.0, "in (0, 1]")}),
+    ScheduleSpec("linear_decay", linear_decay, "w_b = max(0, 1 - (d-1)/horizon)",
+                 {"horizon": Param(8.0, lambda v: v >= 1.0, ">= 1")}),
+    ScheduleSpec("constant", constant, "w_b = c",
+                 {"c": Param(0.5, lambda v: 0.0 <= v <= 1.0, "in [0, 1]")}),
+    ScheduleSpec("behave", behave, "w_b = 1: the behaviour policy"),
+    ScheduleSpec("target", target, "w_b = 0: the detached current policy"),
+    ScheduleSpec("step_start", step_start, "the step-start weights under linear drift: alpha = d / (d + k/m)",
+                 uses_position=True),
 ))
 
 
@@ -77,10 +98,16 @@ def validate_schedule(schedule: str, schedule_params: Mapping[str, float] | None
 
 
 def target_weight(
-    versions: torch.Tensor, current_version: int, schedule: str = "inverse", **schedule_params
+    versions: torch.Tensor, current_version: int, schedule: str = "inverse", position: float = 0.0,
+    **schedule_params
 ) -> torch.Tensor:
-    """Per-token alpha (float32): 0 for prompt/padding (version < 0) and fresh tokens (d <= 0)."""
+    """Per-token alpha (float32): 0 for prompt/padding (version < 0) and fresh tokens (d <= 0).
+    `position` = k/m in [0, 1): the minibatch being trained, for a schedule that uses it."""
     params = validate_schedule(schedule, schedule_params)
+    if not 0.0 <= position < 1.0:
+        raise ValueError(f"position={position!r} is not allowed; it is k/m, the minibatch index over the count, in [0, 1)")
+    if SCHEDULES[schedule].uses_position:
+        params = {**params, "position": float(position)}
     if versions.dtype.is_floating_point or versions.dtype == torch.bool:
         raise ValueError(f"versions must be an integer tensor, got dtype {versions.dtype}")
     staleness = float(current_version) - versions.float()
