@@ -79,7 +79,7 @@ METRICS: tuple[Metric, ...] = (
     *_family("trainer", "token_mean", "off-policy diagnostics of w, per micro-batch (a3po.maths.diagnostics)",
              "offpolicy/ess_token", "offpolicy/ess_seq", "offpolicy/chi2_token", "offpolicy/kl_k1", "offpolicy/kl_k3"),
     Metric("prox_error/<label>/<error>", "trainer", "token_mean",
-           "train.log_prox_errors: |approximation - recompute| of logp_abs, iw_abs, bw_abs per schedule (and -linear)"),
+           "train.log_prox_errors: |approximation - recompute| (logp_abs, iw_abs, bw_abs) and the flip rates of the loss's clip and keep decisions (clip_flip, keep_flip), per schedule (and -linear)"),
     *_family("rollout", "step", "the batch's rewards and responses", "reward/mean", "reward/malformed",
              "response/length_mean", "response/truncated"),
     Metric("eval/reward", "loop", "step", "held-out mean reward after every train.eval_every-th step and the last"),

@@ -255,3 +255,29 @@ def test_step_start_edge_cases():
     assert alpha.item() == pytest.approx(0.8)
     with pytest.raises(ValueError, match=r"position=1.0 is not allowed"):
         target_weight(torch.tensor([2]), 4, "step_start", position=1.0)
+
+
+def test_decision_flip_rate_is_zero_for_equal_anchors_and_counted_by_hand():
+    from a3po.maths.loss import token_decisions
+
+    versions = torch.tensor([2, 2, 2, 2, 2])  # d = 2 at version 4
+    behave = torch.tensor([-1.0, -1.0, -1.0, -1.0, -1.0])
+    logp = torch.tensor([-0.5, -1.4, -0.7, -1.0, -0.2])
+    advantages = torch.tensor([1.0, -1.0, 1.0, 1.0, 1.0])
+    valid = torch.tensor([True, True, True, True, False])
+    seq = torch.arange(5)
+
+    def decisions(anchor):
+        return token_decisions(logp, anchor, behave, advantages, seq, valid,
+                               objective={"name": "ppo", "eps_clip": 0.2}, correction={"name": "none", "cap": None})
+
+    # the recomputed anchor equal to the current log-probs: "target" is then the same anchor
+    same = approximation_errors(logp, behave, logp, versions, 4, valid, {"target": {}}, methods=("loglinear",),
+                                decisions=decisions)
+    assert same["prox_error/target/clip_flip"].item() == 0.0 and same["prox_error/target/keep_flip"].item() == 0.0
+    # "behave" anchors on behave = -1: r = exp(logp + 1) = e^0.5 (A > 0: clipped), e^-0.4 (A < 0: clipped),
+    # e^0.3 (A > 0: clipped), 1 (not); against the true anchor logp (r = 1, nothing clipped): 3 of 4 valid flip
+    flips = approximation_errors(logp, behave, logp, versions, 4, valid, {"behave": {}}, methods=("loglinear",),
+                                 decisions=decisions)
+    assert flips["prox_error/behave/clip_flip"].item() == pytest.approx(0.75)
+    assert flips["prox_error/behave/keep_flip"].item() == 0.0  # no cap: every valid token kept under both

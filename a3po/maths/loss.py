@@ -21,7 +21,7 @@ from a3po.maths.diagnostics import offpolicy_metrics
 from a3po.maths.masked import masked_max, masked_mean, masked_min
 from a3po.maths.objectives import MAX_LOG_RATIO, Objective, compute_objective
 
-__all__ = ["decoupled_loss", "policy_loss"]
+__all__ = ["decoupled_loss", "policy_loss", "token_decisions"]
 
 
 def policy_loss(objective: Objective, correction: Correction, valid: torch.Tensor) -> torch.Tensor:
@@ -65,3 +65,16 @@ def decoupled_loss(logp: torch.Tensor, prox: torch.Tensor, behave: torch.Tensor,
         **offpolicy_metrics(behave, prox, logp, seq_index, valid),
     }
     return policy_loss(clipped, kept, valid), stats
+
+
+def token_decisions(logp: torch.Tensor, prox: torch.Tensor, behave: torch.Tensor, advantages: torch.Tensor,
+                    seq_index: torch.Tensor, valid: torch.Tensor, *, objective: Mapping[str, Any],
+                    correction: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """What the loss decides per token given the anchor `prox`: `clip`, the objective's clip is
+    in force (below or above 1); `keep`, the correction keeps the token. Comparing them under
+    two anchors gives the decision flip rate (a3po.maths.proximal.approximation_errors)."""
+    prox = prox.detach()
+    kept = apply_correction(correction["name"], prox - behave, seq_index, valid, correction)
+    clipped = compute_objective(objective["name"], logp.detach(), prox, advantages, seq_index, valid, objective)
+    return {"clip": clipped.clip_low | clipped.clip_high, "keep": kept.keep}
+

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
 
@@ -162,14 +162,18 @@ def approximation_errors(
     schedules: Mapping[str, Mapping[str, float]],
     methods: tuple[str, ...] | None = None,
     position: float = 0.0,
+    decisions: Callable[[torch.Tensor], Mapping[str, torch.Tensor]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """How far is each approximation from the recomputed proximal policy?
 
     For each schedule (name -> its params) and method, mean over valid tokens of
     |prox_approx - prox_true| (`logp_abs`), of the importance weight
     |exp(target - prox_approx) - exp(target - prox_true)| (`iw_abs`) and of the behaviour
-    weight |exp(prox_approx - behave) - exp(prox_true - behave)| (`bw_abs`). Keys are
-    `prox_error/<schedule>/...` for loglinear and `prox_error/<schedule>-linear/...` for linear.
+    weight |exp(prox_approx - behave) - exp(prox_true - behave)| (`bw_abs`). With `decisions`
+    (an anchor -> per-token bool decisions, e.g. a3po.maths.loss.token_decisions: clipped,
+    kept), the fraction of valid tokens whose decision differs between the two anchors
+    (`<decision>_flip`). Keys are `prox_error/<schedule>/...` for loglinear and
+    `prox_error/<schedule>-linear/...` for linear.
     """
     check_same_shape(prox_logp_true=prox_logp_true, behave_logp=behave_logp, target_logp=target_logp,
                       versions=versions, loss_mask=loss_mask)
@@ -180,6 +184,7 @@ def approximation_errors(
     iw_true = torch.exp(target_logp - prox_logp_true)
     bw_true = torch.exp(prox_logp_true - behave_logp)
     out: dict[str, torch.Tensor] = {}
+    true_decisions = decisions(prox_logp_true) if decisions is not None else {}
     for schedule, params in schedules.items():
         for method in methods or approximations():
             approx = approximate_prox_logp(
@@ -192,6 +197,9 @@ def approximation_errors(
                 "iw_abs": (torch.exp(target_logp - approx) - iw_true).abs(),
                 "bw_abs": (torch.exp(approx - behave_logp) - bw_true).abs(),
             }
+            if decisions is not None:
+                errors.update({f"{name}_flip": (made != true_decisions[name]).float()
+                               for name, made in decisions(approx).items()})
             for name, err in errors.items():
                 out[f"prox_error/{label}/{name}"] = torch.where(mask, err, 0.0).sum() / count
     return out
