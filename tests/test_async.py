@@ -162,7 +162,7 @@ def test_state_dict_resumes_with_the_finished_batches():
         time.sleep(0.01)
     state = runtime.state_dict()
     runtime.close()
-    assert [b.step for b in state["queue"]] == [1, 2] and state["next_to_generate"] == 3
+    assert [batch.step for batch, _ in state["queue"]] == [1, 2] and state["next_to_generate"] == 3
 
     resumed = AsyncRuntime(FakeProducer(engine), total_steps=6, max_staleness=2, batch_size=2, engine=engine)
     resumed.load_state_dict(state)
@@ -381,3 +381,15 @@ def test_staleness_split_in_flight_vs_queued():
     assert split["staleness/queued_mean"] == pytest.approx(7 / 3)
     # an engine that loads weights only between batches (hf) never has tokens in flight
     assert staleness_split([sample([2, 2])], version=3) == {"staleness/inflight_frac": 0.0, "staleness/queued_mean": 1.0}
+
+
+def test_a_queue_saved_before_metrics_travelled_beside_batches_still_loads():
+    """Checkpoints written before (batch, metrics) pairs hold batches carrying `stats`."""
+    from a3po.runtimes.lagged import LaggedRuntime
+
+    old = RolloutBatch(step=1, samples=[], n_prompts=1, n_samples=1)
+    old.__dict__["stats"] = {"reward/mean": 0.5}
+    runtime = LaggedRuntime(staleness=1, total_steps=3, produce=lambda step: None)
+    runtime.load_state_dict({"queue": [old], "next_to_generate": 2})
+    batch, metrics = runtime.queue[0]
+    assert batch.step == 1 and metrics == {"reward/mean": 0.5} and "stats" not in batch.__dict__
