@@ -23,3 +23,33 @@ def test_step_start_tracks_recompute_where_inverse_cannot(tiny_cfg, n_minibatche
         assert max(step_start) < 1e-6
     else:
         assert all(s < i for s, i in zip(step_start, inverse))
+
+
+@pytest.mark.parametrize("beta", [1.0, 0.5])
+def test_the_drift_fit_recovers_the_exponent(beta):
+    import numpy as np
+
+    from analysis.drift import fit_drift
+
+    rng = np.random.default_rng(0)
+    distance = np.repeat([0.0, 1.0, 1.5, 2.0, 4.25, 8.0, 8.75], 20)
+    drift = 0.03 * distance**beta * np.exp(rng.normal(0, 0.02, distance.size))
+    fit = fit_drift(distance, drift)
+    assert fit.beta == pytest.approx(beta, abs=0.02) and fit.c == pytest.approx(0.03, rel=0.05)
+    assert fit.n_points == 120  # distance 0 carries nothing on beta
+    with pytest.raises(ValueError, match="two distances"):
+        fit_drift(np.array([2.0, 2.0]), np.array([0.1, 0.2]))
+
+
+def test_a_run_logs_drift_per_minibatch_and_the_fit_reads_it(tiny_cfg, capsys):
+    from analysis.drift import drift_points, main
+    from analysis.load import load_runs
+
+    cfg = tiny_cfg("algo=loglinear", "staleness=2", "train.total_steps=4", "train.log_prox_errors=true",
+                   "train.n_minibatches=2", "train.lr=1e-3")
+    run(cfg)
+    points = drift_points(load_runs(run_dir_of(cfg)))
+    assert len(points) == 4 * 2
+    assert sorted(points[points["step"] == 3]["distance"]) == [2.0, 2.5]  # d = 2, k/m = 0 and 1/2
+    assert main([str(run_dir_of(cfg))]) == 0
+    assert "drift = " in capsys.readouterr().out
