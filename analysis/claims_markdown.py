@@ -41,11 +41,8 @@ def shown_sd(claim: Claim, sd: float) -> str:
     """The per-seed sd on the scale the test runs on: log for the times, % for the reward."""
     if not math.isfinite(sd):
         return "-"
-    if claim.effect == "log_ratio":
-        return f"{fmt(sd, 2)} (log)"
-    if claim.effect == "relative":
-        return f"{fmt(100 * sd, 2)}%"
-    return fmt(sd, 2)
+    scale, unit = {"log_ratio": (1.0, " (log)"), "relative": (100.0, "%")}.get(claim.effect, (1.0, ""))
+    return f"{fmt(scale * sd, 2)}{unit}"
 
 
 def _paper_seeds(claim: Claim, seeds: str) -> str:
