@@ -1,8 +1,8 @@
 """A run directory means one config.
 
 The directory of a run is Hydra's output directory for its job (`hydra.run.dir`, or
-`hydra.sweep.dir`/`hydra.sweep.subdir` in a sweep); its default name is derived from the
-config (`<algo>[-<schedule>][-<correction>][-<objective>]-d<staleness>-s<seed>`), with no
+`hydra.sweep.dir`/`hydra.sweep.subdir` in a sweep); its default name is `run_name`, a function
+of the run's identity record (a3po.run.identity: `<label>-d<staleness>-s<seed>`), with no
 timestamp, so a requeued job finds its run again. Starting a run in a directory that holds a
 run of a different config would either mislabel the old results (a finished run) or resume
 its checkpoint under the new config (an unfinished one), so `claim_run_dir` refuses, naming
@@ -58,6 +58,7 @@ RESULT_NEUTRAL_KEYS = (
     "runtime.shutdown_timeout_s",
 )
 EXTENSIBLE_KEY = "train.total_steps"
+DERIVED_KEYS = ("identity",)  # built from the other keys (a3po.run.identity): compared through them, never itself
 # A key a run's config.yaml lacks because it was written before the key existed, compared as
 # the value that run actually used: every run before `precision` computed in float32 on a CPU.
 LEGACY_VALUES = {"precision": "fp32"}
@@ -88,13 +89,13 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _neutral(key: str) -> bool:
-    return any(key == k or key.startswith(f"{k}.") for k in RESULT_NEUTRAL_KEYS)
+    return any(key == k or key.startswith(f"{k}.") for k in RESULT_NEUTRAL_KEYS + DERIVED_KEYS)
 
 
 def config_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
-    """(key, old value, new value) for every key that changes results; a missing key shows as
-    `<absent>`, and is no difference where the other side is null (a key added since, at its
-    null default). Growing `train.total_steps` is not a difference; shrinking it is."""
+    """(key, old value, new value) for every key that changes results (DERIVED_KEYS are none); a
+    missing key shows as `<absent>`, and is no difference where the other side is null (a key added
+    since, at its null default). Growing `train.total_steps` is not a difference; shrinking it is."""
     old_flat, new_flat = flatten(old), flatten(new)
     diffs = []
     for key in sorted(set(old_flat) | set(new_flat)):
