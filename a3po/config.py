@@ -1,4 +1,5 @@
-"""Run identity and start-up validation of the composed Hydra config.
+"""Start-up validation of the composed Hydra config; importing it registers the resolvers
+that build the run's identity record and name (a3po.identity).
 
 Validation runs before any model or data set loads, so a typo in a sweep fails in a second
 with the key, the value and what is allowed, not twenty minutes later in a traceback.
@@ -7,89 +8,22 @@ with the key, the value and what is allowed, not twenty minutes later in a trace
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from a3po.device import DEVICES, PRECISIONS, RESOLVED_PRECISIONS, resolve_device, resolve_precision
+from a3po.device import DEVICES, PRECISIONS, RESOLVED_PRECISIONS
 from a3po.errors import ConfigError
+from a3po.identity import register_resolvers
 from a3po.maths.corrections import check_combination, check_correction
 from a3po.maths.objectives import check_objective
 from a3po.maths.proximal import ALGOS
-from a3po.maths.schedules import SCHEDULES, validate_schedule
+from a3po.maths.schedules import validate_schedule
 
 RUNTIMES = ("lagged", "async")
 LOGGER_MODES = ("offline", "online", "disabled")
 # A run directory that holds another config's run: stop (error) or start it afresh (restart).
 ON_CONFIG_CHANGE = ("error", "restart")
-
-
-def schedule_label(schedule: Mapping[str, Any]) -> str:
-    """`exponential0.5`, `linear_decay8`, `inverse`: a schedule's parameters are part of its
-    identity, so two sweeps over gamma never write into the same run directory."""
-    name = schedule["name"]
-    params = SCHEDULES[name].params if name in SCHEDULES else ()
-    values = "".join(f"{float(schedule[p]):g}" for p in params if p in schedule)
-    return f"{name}{values}"
-
-
-def group_label(group: Mapping[str, Any] | str | None, default: str) -> str | None:
-    """`icepop0.5_2`, `gspo0.0003_0.0004`: a correction's or objective's name and its numeric
-    parameters (`%g`, joined by `_`); None for the default (left out of run names)."""
-    if group is None:
-        return None
-    if isinstance(group, str):
-        group = {"name": group}
-    if group["name"] == default:
-        return None
-    values = [f"{float(v):g}" for k, v in group.items()
-              if k != "name" and isinstance(v, (int, float)) and not isinstance(v, bool)]
-    return f"{group['name']}{'_'.join(values)}"
-
-
-def run_name(algo: str, schedule: Mapping[str, Any] | str, staleness: int, seed: int,
-             correction: Mapping[str, Any] | str | None = None, objective: Mapping[str, Any] | str | None = None,
-             precision: str = "fp32") -> str:
-    """`<algo>[-<schedule>][-<correction>][-<objective>][-<precision>]-d<staleness>-s<seed>`.
-    The schedule appears only where the algo uses one (a3po.maths.algos) and it is not the paper's
-    `inverse`; the correction unless `none`, the objective unless `ppo`, the (resolved)
-    precision unless `fp32`. No timestamp: a requeued job finds it again. An unknown algo is
-    named as given (validation reports it)."""
-    if isinstance(schedule, str):
-        schedule = {"name": schedule}
-    label = schedule_label(schedule)
-    uses_schedule = algo in ALGOS and ALGOS[algo].uses_schedule
-    parts = [algo, label if uses_schedule and label != "inverse" else None,
-             group_label(correction, "none"), group_label(objective, "ppo"),
-             precision if precision != "fp32" else None]
-    return "-".join(p for p in parts if p) + f"-d{staleness}-s{seed}"
-
-
-def name_precision(precision: str, device: str, weights_dtype: str = "float32") -> str:
-    """The precision a run name carries: `auto` resolved on this machine (a3po.device), so a
-    bf16 run and an fp32 run never share a directory. A value that does not resolve is named
-    as given (validation reports it)."""
-    if precision in RESOLVED_PRECISIONS:
-        return precision
-    try:
-        return resolve_precision(precision, resolve_device(device), weights_dtype)
-    except ConfigError:
-        return str(precision)
-
-
-def _run_name_resolver(algo, schedule, staleness, seed, correction=None, objective=None, precision="fp32",
-                       device="cpu", weights_dtype="float32") -> str:
-    def plain(node):
-        return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
-
-    return run_name(str(algo), plain(schedule), staleness, seed, plain(correction), plain(objective),
-                    name_precision(str(precision), str(device), str(weights_dtype)))
-
-
-def register_resolvers() -> None:
-    if not OmegaConf.has_resolver("a3po_run_name"):
-        OmegaConf.register_new_resolver("a3po_run_name", _run_name_resolver)
-
 
 register_resolvers()
 

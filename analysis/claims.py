@@ -207,7 +207,7 @@ def family_title(rows: pd.DataFrame) -> str:
 def _setting(rows: pd.DataFrame) -> list[str]:
     first = rows.iloc[0]
     parts = []
-    prefix = first["label"].rpartition("/")[0]
+    prefix = first["label_prefix"]
     if prefix:
         parts.append(f"experiment {prefix}")
     if first["runtime"] != "lagged":

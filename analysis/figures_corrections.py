@@ -10,10 +10,10 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from analysis.identity import DEFAULT_CORRECTION, correction_sort_key
+from analysis.identity import ASYNC_SUFFIX, correction_order, label
 from analysis.load import add_labels
-from analysis.plotting import DEFAULT_SAVE, SaveOptions, colour_map, linestyle, log, not_logged, save, sorted_labels
-from analysis.scalars import run_scalars
+from analysis.plotting import DEFAULT_SAVE, SaveOptions, colour_map, log, not_logged, save
+from analysis.scalars import RUN_KEY, run_scalars
 from analysis.stats import mean_ci
 
 CORRECTION_QUANTITIES = [
@@ -25,19 +25,26 @@ CORRECTION_QUANTITIES = [
 MARKERS = ["o", "s", "^", "D", "v", "P", "X"]
 
 
-def method_of(label: str, correction: str) -> str:
-    """The label without its correction segment: `recompute-icepop0.5_2` -> `recompute`,
-    `loglinear-tis2-gspo` -> `loglinear-gspo`; the series a correction is compared across."""
-    if correction == DEFAULT_CORRECTION:
-        return label
-    return label.replace(f"-{correction}", "", 1)
+def methods(df: pd.DataFrame) -> pd.DataFrame:
+    """Per run (RUN_KEY): its `method`, the series a correction is compared across: the
+    label the run would have without its correction (`recompute-icepop0.5_2` -> `recompute`,
+    `loglinear-tis2-gspo` -> `loglinear-gspo`), built from its identity columns, with its
+    async suffix and `<experiment>/` prefix; and the columns its colour is decided from."""
+    columns = ["algo", "schedule", "objective", "precision", "runtime", "schedule_name", "label_prefix"]
+    runs = add_labels(df).groupby(RUN_KEY, sort=True)[columns].first().reset_index()
+    bare = [label(*fields) for fields in zip(runs["algo"], runs["schedule"], [None] * len(runs), runs["objective"],
+                                              runs["precision"])]
+    prefix = [f"{p}/" if p else "" for p in runs["label_prefix"]]
+    suffix = [ASYNC_SUFFIX if r == "async" else "" for r in runs["runtime"]]
+    runs["method"] = [p + b + s for p, b, s in zip(prefix, bare, suffix)]
+    return runs[RUN_KEY + ["method", "algo", "schedule_name", "label_prefix"]]
 
 
-def corrections_data(df: pd.DataFrame) -> pd.DataFrame:
+def corrections_data(df: pd.DataFrame, runs: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per quantity, correction, method and staleness: seed mean, 95% CI (Student t), std,
     min, max and the number of seeds, from the run-level scalars."""
-    scalars = run_scalars(add_labels(df))
-    scalars["method"] = [method_of(lab, cor) for lab, cor in zip(scalars["label"], scalars["correction"])]
+    runs = methods(df) if runs is None else runs
+    scalars = run_scalars(add_labels(df)).merge(runs[RUN_KEY + ["method"]], on=RUN_KEY, how="left")
     present = [q for q, _ in CORRECTION_QUANTITIES if q in scalars.columns]
     long = scalars.melt(id_vars=["correction", "method", "staleness", "seed"], value_vars=present,
                         var_name="quantity", value_name="value").dropna(subset=["value"])
@@ -61,7 +68,8 @@ def _draw_panel(ax, subset: pd.DataFrame, corrections, series, colours, markers)
         low = np.where(np.isfinite(rows["ci_low"]), mean - rows["ci_low"], 0.0)
         high = np.where(np.isfinite(rows["ci_high"]), rows["ci_high"] - mean, 0.0)
         ax.errorbar(x, mean, yerr=[low, high], color=colours[method], marker=markers[staleness], linestyle="none",
-                    markersize=5, capsize=2, linewidth=1, markerfacecolor="white" if linestyle(method) == "--" else None)
+                    markersize=5, capsize=2, linewidth=1,
+                    markerfacecolor="white" if colours.linestyle(method) == "--" else None)
     ax.set_xticks(range(len(corrections)), corrections, rotation=30, ha="right")
     ax.set_xlim(-0.6, len(corrections) - 0.4)
     ax.grid(True, axis="y", alpha=0.3)
@@ -75,16 +83,17 @@ def corrections_panel(df: pd.DataFrame, out_dir: str | Path, options: SaveOption
     when the runs hold more than one correction; a quantity nobody logged gets an empty
     panel saying so."""
     stem = "corrections_panel"
-    corrections = sorted(set(df["correction"]) if "correction" in df.columns else set(), key=correction_sort_key)
+    corrections = correction_order(add_labels(df)) if "correction" in df.columns else []
     if len(corrections) < 2:
         log.info("%s skipped: the runs hold %d correction(s), it needs two or more", stem, len(corrections))
         return []
-    data = corrections_data(df)
-    methods = sorted_labels(data["method"])
+    runs = methods(df)
+    data = corrections_data(df, runs)
+    colours = colour_map(runs[runs["method"].isin(data["method"])].rename(columns={"method": "label"}))
+    series_names = colours.order(data["method"])
     levels = sorted(data["staleness"].unique())
-    colours = colour_map(methods)
     markers = {staleness: MARKERS[i % len(MARKERS)] for i, staleness in enumerate(levels)}
-    series = [(method, staleness) for staleness in levels for method in methods]
+    series = [(method, staleness) for staleness in levels for method in series_names]
     fig = Figure(figsize=(4.0 * len(CORRECTION_QUANTITIES) + 2.0, 4.4), layout="constrained")
     for ax, (quantity, y_label) in zip(fig.subplots(1, len(CORRECTION_QUANTITIES), squeeze=False).ravel(),
                                        CORRECTION_QUANTITIES):
@@ -94,7 +103,8 @@ def corrections_panel(df: pd.DataFrame, out_dir: str | Path, options: SaveOption
         _draw_panel(ax, subset, corrections, series, colours, markers)
         ax.set_ylabel(y_label)
         ax.set_xlabel("correction")
-    handles = [Line2D([], [], color=colours[m], linestyle=linestyle(m), linewidth=2, label=m) for m in methods]
+    handles = [Line2D([], [], color=colours[m], linestyle=colours.linestyle(m), linewidth=2, label=m)
+               for m in series_names]
     handles += [Line2D([], [], color="black", marker=markers[d], linestyle="none", label=f"d = {d}") for d in levels]
     fig.legend(handles=handles, loc="outside right upper", title="method, staleness", frameon=False)
     fig.suptitle("Off-policy corrections by proximal method and staleness (mean, 95% CI over seeds)")

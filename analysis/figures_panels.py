@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis.identity import label, label_sort_key
+from analysis.identity import label
 from analysis.load import add_labels
 from analysis.plotting import (
     DEFAULT_SAVE,
@@ -17,14 +17,12 @@ from analysis.plotting import (
     band,
     colour_map,
     legend,
-    linestyle,
     log,
     missing,
     not_logged,
     save,
     seed_note,
     seed_stats,
-    sorted_labels,
     time_unit,
 )
 from analysis.scalars import RUN_KEY, run_scalars
@@ -48,13 +46,13 @@ def _bars(bar_ax, totals: pd.DataFrame, levels, colours, divisor: float) -> list
     ticks: list[tuple[float, str]] = []
     for group, staleness in enumerate(levels):
         rows = totals[totals["staleness"] == staleness]  # only labels run at this d: no holes
-        rows = rows.iloc[sorted(range(len(rows)), key=lambda i: label_sort_key(rows["label"].iloc[i]))]
+        rows = rows.set_index("label", drop=False).loc[colours.order(rows["label"])]
         for index, row in enumerate(rows.itertuples(index=False)):
             position = group + (index - (len(rows) - 1) / 2) * width
             ticks.append((position, row.label))
             mean, low, high = row.mean / divisor, row.min / divisor, row.max / divisor
             bar_ax.bar(position, mean, width=width * 0.95, color=colours[row.label],
-                       hatch="//" if linestyle(row.label) == "--" else None, edgecolor="white", linewidth=0)
+                       hatch="//" if colours.linestyle(row.label) == "--" else None, edgecolor="white", linewidth=0)
             if row.n_seeds > 1:
                 bar_ax.errorbar(position, mean, yerr=[[mean - low], [high - mean]], color="black", capsize=3,
                                 linewidth=1)
@@ -97,7 +95,7 @@ def fig2_reward_wallclock(df: pd.DataFrame, out_dir: str | Path, options: SaveOp
     if missing(df, ["reward/mean"], stem):
         return []
     labelled = add_labels(df)
-    colours = colour_map(labelled["label"])
+    colours = colour_map(labelled)
     curves = _reward_curves(labelled)
     totals = seed_stats(run_scalars(labelled), ["label", "staleness"], "train_time_s")
     totals.insert(0, "panel", "training_time")
@@ -110,7 +108,7 @@ def fig2_reward_wallclock(df: pd.DataFrame, out_dir: str | Path, options: SaveOp
     curve_axes = [fig.add_subplot(grid[0, col]) for col in range(len(levels))]
     for col, (ax, staleness) in enumerate(zip(curve_axes, levels)):
         subset = curves[curves["staleness"] == staleness]
-        for name in sorted_labels(subset["label"]):
+        for name in colours.order(subset["label"]):
             curve = subset[subset["label"] == name]
             band(ax, curve["train_time_s"] / divisor, curve["mean"], curve["min"], curve["max"], name, colours,
                  len(curve))
@@ -124,7 +122,7 @@ def fig2_reward_wallclock(df: pd.DataFrame, out_dir: str | Path, options: SaveOp
     bar_ax = fig.add_subplot(grid[0, 1] if single else grid[1, :])
     _label_bars(bar_ax, _bars(bar_ax, totals, levels, colours, divisor), levels, single, unit)
     fig.suptitle("Reward against training time, and total training time" + seed_note(curves))
-    legend(fig, sorted_labels(curves["label"]), colours)
+    legend(fig, colours.order(curves["label"]), colours)
     return save(fig, pd.concat([curves, totals], ignore_index=True), Path(out_dir), stem, options)
 
 
@@ -147,7 +145,7 @@ def staleness_panel(df: pd.DataFrame, out_dir: str | Path, options: SaveOptions 
     is drawn beside it. Prox time is on a log axis (coupled's zeros are not drawn)."""
     stem = "staleness_panel"
     scalars = run_scalars(add_labels(df))
-    colours = colour_map(scalars["label"])
+    colours = colour_map(add_labels(df))
     divisor, unit = time_unit(float(scalars["train_time_s"].max()) if scalars["train_time_s"].notna().any() else 0.0)
     long = scalars.melt(id_vars=["label", "staleness", "seed"], value_vars=[q for q, _ in STALENESS_QUANTITIES],
                         var_name="quantity", value_name="value").dropna(subset=["value"])
@@ -163,7 +161,7 @@ def staleness_panel(df: pd.DataFrame, out_dir: str | Path, options: SaveOptions 
     for ax, (quantity, y_label) in zip(axes, STALENESS_QUANTITIES):
         subset = data[data["quantity"] == quantity]
         scale = divisor if quantity == "train_time_s" else 1.0
-        for name in sorted_labels(subset["label"]):
+        for name in colours.order(subset["label"]):
             curve = subset[subset["label"] == name].sort_values("staleness")
             band(ax, curve["staleness"], curve["mean"] / scale, curve["min"] / scale, curve["max"] / scale,
                  name, colours, len(curve))
@@ -176,7 +174,7 @@ def staleness_panel(df: pd.DataFrame, out_dir: str | Path, options: SaveOptions 
         ax.set_ylabel(y_label.replace("(s)\n(sum", f"({unit})\n(sum"))
         ax.grid(True, alpha=0.3)
     fig.suptitle("Metrics against staleness" + seed_note(data))
-    legend(fig, sorted_labels(data["label"]), colours)
+    legend(fig, colours.order(data["label"]), colours)
     return save(fig, data, Path(out_dir), stem, options)
 
 
@@ -184,13 +182,13 @@ APPROX_KINDS = [("logp_abs", "|approx - recomputed| prox logp\n(mean over steps)
                 ("iw_abs", "importance-weight error\n(mean over steps)")]
 
 
-def _schedule_label(schedule: str) -> str:
+def _approximation(schedule: str) -> tuple[str, str]:
     """Metrics mode logs `inverse`, `exponential`, ... (log-space interpolation) and
-    `<schedule>-linear` (probability space); naming them like the training runs that
-    use them gives them those runs' colours."""
+    `<schedule>-linear` (probability space): the (algo, schedule name) of the training runs
+    that use them, whose labels and colours they are drawn with."""
     if schedule.endswith("-linear"):
-        return label("linear", schedule[: -len("-linear")])
-    return label("loglinear", schedule)
+        return "linear", schedule[: -len("-linear")]
+    return "loglinear", schedule
 
 
 def approx_error(df: pd.DataFrame, out_dir: str | Path, options: SaveOptions = DEFAULT_SAVE) -> list[Path]:
@@ -209,13 +207,14 @@ def approx_error(df: pd.DataFrame, out_dir: str | Path, options: SaveOptions = D
     errors = errors[errors["kind"].isin([kind for kind, _ in APPROX_KINDS])]
     per_run = errors.groupby(["experiment", "run", "staleness", "schedule", "kind"])["value"].mean().reset_index()
     data = seed_stats(per_run, ["kind", "schedule", "staleness"])
-    data.insert(2, "label", data["schedule"].map(_schedule_label))
-    colours = colour_map(data["label"])
+    methods = pd.DataFrame(list(data["schedule"].map(_approximation)), columns=["algo", "schedule_name"])
+    data.insert(2, "label", [label(algo, schedule) for algo, schedule in zip(methods["algo"], methods["schedule_name"])])
+    colours = colour_map(methods.assign(label=data["label"].to_numpy()))
     levels = sorted(data["staleness"].unique())
     fig = Figure(figsize=(11, 4.3), layout="constrained")
     for ax, (kind, y_label) in zip(fig.subplots(1, 2, squeeze=False).ravel(), APPROX_KINDS):
         subset = data[data["kind"] == kind]
-        for name in sorted_labels(subset["label"]):
+        for name in colours.order(subset["label"]):
             curve = subset[subset["label"] == name].sort_values("staleness")
             band(ax, curve["staleness"], curve["mean"], curve["min"], curve["max"], name, colours, len(curve))
         positive = subset["mean"][subset["mean"] > 0]
@@ -229,5 +228,5 @@ def approx_error(df: pd.DataFrame, out_dir: str | Path, options: SaveOptions = D
         ax.set_ylabel(y_label)
         ax.grid(True, alpha=0.3)
     fig.suptitle("Proximal-policy approximation error against recompute (train.log_prox_errors)" + seed_note(data))
-    legend(fig, sorted_labels(data["label"]), colours, title="approximation")
+    legend(fig, colours.order(data["label"]), colours, title="approximation")
     return save(fig, data, Path(out_dir), stem, options)

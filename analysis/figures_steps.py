@@ -26,7 +26,6 @@ from analysis.plotting import (
     save,
     seed_note,
     seed_stats,
-    sorted_labels,
 )
 
 
@@ -38,15 +37,15 @@ def _staleness_grid(n_rows: int, staleness_levels: Sequence[int], height: float 
     return fig, axes
 
 
-def _positive_only(df: pd.DataFrame, stem: str) -> tuple[pd.DataFrame, str]:
+def _positive_only(df: pd.DataFrame, stem: str, colours) -> tuple[pd.DataFrame, str]:
     """The rows a log axis can show, and a title note naming labels left out entirely."""
     non_positive = df["value"] <= 0
     if not non_positive.any():
         return df, ""
     log.info("%s: %d non-positive values left out of the log-scale plot (%s)", stem,
-             int(non_positive.sum()), ", ".join(sorted_labels(df.loc[non_positive, "label"])))
+             int(non_positive.sum()), ", ".join(colours.order(df.loc[non_positive, "label"])))
     all_zero = set(df["label"]) - set(df.loc[~non_positive, "label"])
-    note = f"\nnot drawn (0 s cannot go on a log axis): {', '.join(sorted_labels(all_zero))}" if all_zero else ""
+    note = f"\nnot drawn (0 s cannot go on a log axis): {', '.join(colours.order(all_zero))}" if all_zero else ""
     return df[~non_positive], note
 
 
@@ -55,7 +54,7 @@ def _draw_cells(axes, data: pd.DataFrame, panels, levels, colours, log_y: bool) 
         for col, staleness in enumerate(levels):
             ax = axes[row, col]
             subset = data[(data["metric"] == metric) & (data["staleness"] == staleness)]
-            for name in sorted_labels(subset["label"]):
+            for name in colours.order(subset["label"]):
                 curve = subset[subset["label"] == name]
                 band(ax, curve["step"], curve["mean"], curve["min"], curve["max"], name, colours, len(curve))
             if log_y:
@@ -82,11 +81,11 @@ def step_figure(df: pd.DataFrame, out_dir: Path, stem: str, title: str, panels: 
         log.info("%s: drawn without %s (not logged)", stem,
                  ", ".join(metric for metric, _ in panels if (metric, _) not in present))
     df = add_labels(df)
-    colours = colour_map(df["label"])
+    colours = colour_map(df)
     df = df[df["metric"].isin([metric for metric, _ in present])]
     note = ""
     if log_y:
-        df, note = _positive_only(df, stem)
+        df, note = _positive_only(df, stem, colours)
         if df.empty:
             log.warning("%s skipped: no positive values to draw on a log scale", stem)
             return []
@@ -95,7 +94,7 @@ def step_figure(df: pd.DataFrame, out_dir: Path, stem: str, title: str, panels: 
     fig, axes = _staleness_grid(len(present), levels)
     _draw_cells(axes, data, present, levels, colours, log_y)
     fig.suptitle(title + seed_note(data) + note)
-    legend(fig, sorted_labels(data["label"]), colours)
+    legend(fig, colours.order(data["label"]), colours)
     return save(fig, data, out_dir, stem, options)
 
 

@@ -1,19 +1,15 @@
-"""Runs (local run directories or wandb) -> one tidy long DataFrame.
+"""Runs (local run directories or wandb) -> one tidy long DataFrame (`analysis.frame`).
 
-Each row is one (run, step, metric) with the run's identity beside it (`IDENTITY_COLUMNS`:
-run, experiment, label, variant, algo, schedule, correction, objective, runtime, staleness,
-max_staleness, seed; see `analysis.identity`), the step's wall time, the value and whether
-the run finished. Every figure and table in `analysis` is computed from this one frame, so a figure can be
-regenerated from any mix of sources and the CSV beside it is always traceable back to
-the rows here. The frame is long (one row per run, step and metric) rather than wide
-because metrics differ between algorithms (eval steps, metrics-mode `prox_error/...`
-keys) and a wide frame would be mostly holes.
+Each row is one (run, step, metric) with the run's identity beside it (`IDENTITY_COLUMNS`,
+read from its identity record: `analysis.identity`; never from its name), the step's wall
+time, the value and whether the run finished. Every figure and table in `analysis` is
+computed from this one frame, so a figure can be regenerated from any mix of sources and the
+CSV beside it is always traceable back to the rows here.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -27,31 +23,10 @@ import yaml
 from a3po.run.metrics_log import SkippedMetricsWarning as RunSkippedWarning
 from a3po.run.metrics_log import read_metrics
 
-from analysis.identity import (  # noqa: F401  (re-exported: the loader's public names)
-    DEFAULT_SCHEDULE,
-    base_algo,
-    label,
-    label_sort_key,
-    run_identity,
-)
+from analysis.frame import IDENTITY_COLUMNS, TIDY_COLUMNS, add_labels, disambiguate, tidy_run  # noqa: F401
+from analysis.identity import label, run_identity  # noqa: F401  (re-exported: the loader's public names)
 
 log = logging.getLogger(__name__)
-
-IDENTITY_COLUMNS = [
-    "run",
-    "experiment",
-    "label",
-    "variant",
-    "algo",
-    "schedule",
-    "correction",
-    "objective",
-    "runtime",
-    "staleness",
-    "max_staleness",
-    "seed",
-]
-TIDY_COLUMNS = IDENTITY_COLUMNS + ["step", "wall_time", "metric", "value", "complete"]
 
 
 class NoRunsError(FileNotFoundError):
@@ -75,102 +50,6 @@ def _one_line(error: BaseException) -> str:
 
 def _warn_skipped(run_dir: Path, reason: str) -> None:
     warnings.warn(f"{run_dir}: skipped, {reason}", RunSkippedWarning, stacklevel=3)
-
-
-def add_labels(df: pd.DataFrame) -> pd.DataFrame:
-    """The frame with every identity column. Frames from `load_runs`/`load_wandb` already
-    carry them; a frame built by hand with only `algo`, `schedule` and `staleness` gets
-    the label `<algo>[-<schedule>]` and the defaults (no correction, ppo, lagged)."""
-    if set(IDENTITY_COLUMNS) <= set(df.columns):
-        return df
-    out = df.copy()
-    if "label" not in out.columns:
-        out["label"] = [label(a, s) for a, s in zip(out["algo"], out["schedule"])] if len(out) else []
-    defaults = {"correction": "none", "objective": "ppo", "runtime": "lagged", "experiment": ""}
-    for column, value in defaults.items():
-        if column not in out.columns:
-            out[column] = value
-    if "max_staleness" not in out.columns:
-        out["max_staleness"] = out["staleness"]
-    if "variant" not in out.columns:
-        out["variant"] = out["label"] + "-d" + out["staleness"].astype(str)
-    return out
-
-
-def disambiguate(df: pd.DataFrame) -> pd.DataFrame:
-    """Prefix `<experiment>/` to the label of runs whose label, staleness and seed also occur
-    in another experiment: two sweeps passed together may both hold `loglinear-d2-s0` made
-    with different settings, and those must stay two curves, not two "seeds" of one."""
-    runs = df[["experiment", "label", "staleness", "seed"]].drop_duplicates()
-    clashes = runs.groupby(["label", "staleness", "seed"])["experiment"].nunique()
-    clashing = {(lab, d) for (lab, d, _), n in clashes.items() if n > 1}
-    if not clashing:
-        return df
-    hit = [(lab, d) in clashing for lab, d in zip(df["label"], df["staleness"])]
-    df = df.copy()
-    for column in ("label", "variant"):
-        df.loc[hit, column] = df.loc[hit, "experiment"] + "/" + df.loc[hit, column]
-    log.warning("runs of the same name in several experiments are kept apart by an "
-                "<experiment>/ prefix: %s", ", ".join(sorted({lab for lab, _ in clashing})))
-    return df
-
-
-def _flatten(record: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in record.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(_flatten(value, f"{name}/"))
-        else:
-            flat[name] = value
-    return flat
-
-
-def _numeric(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, (int, float)):
-        return float(value)
-    return None
-
-
-def tidy_run(identity: Mapping[str, Any], records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
-    """One run's step records -> its rows of the tidy frame.
-
-    A requeued job resumes from its last checkpoint and logs the steps after it again,
-    so when a step appears twice the later record wins: it is the one the surviving
-    weights actually took. Non-numeric values (strings, lists) have no place on a curve
-    and are dropped.
-    """
-    by_step: dict[int, dict[str, Any]] = {}
-    for record in records:
-        flat = _flatten(record)
-        step = _numeric(flat.get("step"))
-        if step is None or math.isnan(step):
-            continue
-        by_step[int(step)] = flat
-    rows = []
-    for step in sorted(by_step):
-        flat = by_step[step]
-        wall_time = _numeric(flat.get("wall_time"))
-        wall_time = math.nan if wall_time is None else wall_time
-        for metric, raw in flat.items():
-            if metric in ("step", "wall_time"):
-                continue
-            value = _numeric(raw)
-            if value is None or math.isnan(value):
-                continue
-            rows.append((step, wall_time, metric, value))
-    frame = pd.DataFrame(rows, columns=["step", "wall_time", "metric", "value"])
-    last_step = max(by_step) if by_step else -1
-    total_steps = identity.get("total_steps")
-    complete = total_steps is not None and last_step >= int(total_steps) - 1
-    for key in IDENTITY_COLUMNS:
-        frame[key] = identity[key]
-    frame["complete"] = bool(complete)
-    frame = frame.astype({"step": "int64", "wall_time": "float64", "value": "float64", "staleness": "int64",
-                          "max_staleness": "int64", "seed": "int64", "complete": "bool"})
-    return frame[TIDY_COLUMNS]
 
 
 def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
@@ -228,7 +107,7 @@ def load_configs(paths: str | Path | Iterable[str | Path]) -> dict[tuple[str, st
         except UnusableRun as reason:
             _warn_skipped(run_dir, str(reason))
             continue
-        identity = run_identity(config, fallback_name=run_dir.name, fallback_experiment=run_dir.parent.name)
+        identity = run_identity(config, fallback_experiment=run_dir.parent.name)
         configs[(identity["experiment"], identity["run"])] = config
     return configs
 
@@ -239,7 +118,7 @@ def _run_frame(run_dir: Path) -> pd.DataFrame:
     if not metrics_path.is_file() or metrics_path.stat().st_size == 0:
         raise UnusableRun("no metrics.jsonl (or it is empty)")
     config = read_config(run_dir)
-    identity = run_identity(config, fallback_name=run_dir.name, fallback_experiment=run_dir.parent.name)
+    identity = run_identity(config, fallback_experiment=run_dir.parent.name)
     try:
         records = read_metrics(metrics_path)
     except (OSError, UnicodeDecodeError) as error:
@@ -314,7 +193,7 @@ def load_wandb(project: str, entity: str | None = None, api: Any = None) -> pd.D
     frames = []
     for run in api.runs(path):
         config = dict(run.config or {})
-        identity = run_identity(config, fallback_name=run.name, fallback_experiment=project)
+        identity = run_identity(config, fallback_experiment=project)
         records = []
         for row in run.scan_history():
             record = {key: value for key, value in row.items() if not key.startswith("_")}

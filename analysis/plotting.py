@@ -4,7 +4,8 @@ Conventions, so figures can be read side by side:
 - one colour per label, the same in every figure of a sweep (`colour_map`): the base
   algorithms have fixed colours (recompute blue, loglinear red), variants get a colour of
   their own, and two variants that would collide (`exponential0.5` and `exponential0.7`)
-  are moved apart deterministically;
+  are moved apart deterministically; all of it decided from the runs' identity columns
+  (algorithm, schedule name), never from the label's text;
 - variants (any label beyond the bare algorithm) are dashed, so a variant that tracks its
   base method does not hide it;
 - several seeds are drawn as their mean with a shaded min-max band (with two or three seeds
@@ -27,7 +28,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from analysis.identity import base_algo, label_sort_key
+from analysis.identity import label_rows
 
 log = logging.getLogger("analysis.figures")  # one logger name for every figure module
 
@@ -61,48 +62,62 @@ class SaveOptions:
 DEFAULT_SAVE = SaveOptions()
 
 
-def colour(name: str) -> str:
-    """The preferred colour of a label, before collisions are resolved by `colour_map`."""
-    if name in PALETTE:
-        return PALETTE[name]
-    bare = name.rsplit("/", 1)[-1]
-    algo = base_algo(bare)
-    if bare == algo and algo in PALETTE:
+def colour(name: str, algo: str, schedule_name: str = "", prefix: str = "") -> str:
+    """The preferred colour of label `name` of a run of `algo` with schedule `schedule_name`
+    (its `label_prefix` is `prefix`), before collisions are resolved by `colour_map`: the
+    algorithm's own for its plain label, a fixed one per schedule ablation of loglinear and
+    linear, else one hashed from the label."""
+    if name == (f"{prefix}/{algo}" if prefix else algo) and algo in PALETTE:
         return PALETTE[algo]
-    first = bare[len(algo) + 1:].split("-", 1)[0]
-    schedules = [s for s in _ABLATION_SCHEDULES if first.startswith(s)]
-    if algo in ("loglinear", "linear") and schedules:
-        schedule = max(schedules, key=len)
+    if algo in ("loglinear", "linear") and schedule_name in _ABLATION_SCHEDULES:
         offset = 0 if algo == "loglinear" else len(_ABLATION_SCHEDULES)
-        return _EXTRA_COLOURS[offset + _ABLATION_SCHEDULES.index(schedule)]
+        return _EXTRA_COLOURS[offset + _ABLATION_SCHEDULES.index(schedule_name)]
     digest = hashlib.md5(name.encode("utf-8")).hexdigest()
     return _EXTRA_COLOURS[int(digest, 16) % len(_EXTRA_COLOURS)]
 
 
-def colour_map(labels: Iterable[str]) -> dict[str, str]:
-    """Label -> colour for a set of labels drawn together: each label's preferred colour,
-    unless an earlier label (in table order) took it, then the next free one."""
+def linestyle(name: str, algo: str) -> str:
+    """Dashed for metrics mode and for every label beyond the bare algorithm (a variant, an
+    async or an `<experiment>/` prefixed one); solid for the plain algorithm."""
+    return "-" if name == algo and algo != "metrics" else "--"
+
+
+class Palette(dict):
+    """Label -> colour for the labels drawn together, in table and legend order, with each
+    label's line style: what `colour_map` returns and `band`/`legend` draw with."""
+
+    def __init__(self, colours: Mapping[str, str], linestyles: Mapping[str, str]) -> None:
+        super().__init__(colours)
+        self.linestyles = dict(linestyles)
+
+    def linestyle(self, name: str) -> str:
+        return self.linestyles[name]
+
+    def order(self, labels: Iterable[str]) -> list[str]:
+        """`labels` (any of this palette's) in legend order."""
+        wanted = set(labels)
+        unknown = wanted - set(self)
+        if unknown:
+            raise KeyError(f"labels not in this palette: {sorted(unknown)}")
+        return [name for name in self if name in wanted]
+
+
+def colour_map(frame: pd.DataFrame) -> Palette:
+    """The palette of the labels of `frame` (its `label`, `algo` and, where present,
+    `schedule_name` and `label_prefix` columns) drawn together: each label's preferred
+    colour, unless an earlier label (in table order) took it, then the next free one."""
     mapping: dict[str, str] = {}
-    ordered = sorted(set(labels), key=label_sort_key)
+    rows = label_rows(frame)
     taken = set()
-    for name in ordered:
-        wanted = colour(name)
+    for row in rows.itertuples(index=False):
+        wanted = colour(row.label, row.algo, row.schedule_name, row.label_prefix)
         if wanted in taken and wanted in _EXTRA_COLOURS:
             start = _EXTRA_COLOURS.index(wanted)
             free = [_EXTRA_COLOURS[(start + i) % len(_EXTRA_COLOURS)] for i in range(len(_EXTRA_COLOURS))]
             wanted = next((c for c in free if c not in taken), wanted)
-        mapping[name] = wanted
+        mapping[row.label] = wanted
         taken.add(wanted)
-    return mapping
-
-
-def linestyle(name: str) -> str:
-    """Dashed for every variant of a base algorithm."""
-    return "--" if name == "metrics" or name != base_algo(name) else "-"
-
-
-def sorted_labels(labels) -> list[str]:
-    return sorted(set(labels), key=label_sort_key)
+    return Palette(mapping, {row.label: linestyle(row.label, row.algo) for row in rows.itertuples(index=False)})
 
 
 def seed_stats(frame: pd.DataFrame, by: list[str], value: str = "value") -> pd.DataFrame:
@@ -136,15 +151,15 @@ def save(fig: Figure, data: pd.DataFrame, out_dir: Path, stem: str,
     return paths
 
 
-def legend(fig: Figure, labels: Sequence[str], colours: Mapping[str, str], title: str = "algorithm") -> None:
-    handles = [Line2D([], [], color=colours[name], linestyle=linestyle(name), linewidth=2, label=name)
+def legend(fig: Figure, labels: Sequence[str], colours: Palette, title: str = "algorithm") -> None:
+    handles = [Line2D([], [], color=colours[name], linestyle=colours.linestyle(name), linewidth=2, label=name)
                for name in labels]
     fig.legend(handles=handles, loc="outside right upper", title=title, frameon=False)
 
 
-def band(ax, x, mean, low, high, name: str, colours: Mapping[str, str], n_points: int) -> None:
+def band(ax, x, mean, low, high, name: str, colours: Palette, n_points: int) -> None:
     """A seed-mean curve with its min-max band (markers on short curves)."""
-    ax.plot(x, mean, color=colours[name], linestyle=linestyle(name), linewidth=1.8,
+    ax.plot(x, mean, color=colours[name], linestyle=colours.linestyle(name), linewidth=1.8,
             marker="o" if n_points <= 12 else None, markersize=4)
     if np.any(np.asarray(high) > np.asarray(low)):
         ax.fill_between(x, low, high, color=colours[name], alpha=0.18, linewidth=0)

@@ -25,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 
-from a3po.run.rundir import LEGACY_VALUES
+from a3po.identity import LEGACY_VALUES
 from analysis.claims import __doc__ as CLAIMS_DOC
 from analysis.claims import evaluate_claims
 from analysis.claims_markdown import claims_markdown
@@ -55,7 +55,7 @@ PROVENANCE_KEYS = [
 
 def _values(configs: Mapping[Any, Mapping[str, Any]], dotted: str) -> str:
     """The distinct values of a setting across runs, with how many runs have each."""
-    # a key older runs lack counts as the value they used (a3po.run.rundir.LEGACY_VALUES: fp32)
+    # a key older runs lack counts as the value they used (a3po.identity.LEGACY_VALUES: fp32)
     default = LEGACY_VALUES.get(dotted, "(unset)")
     counts = Counter(str(lookup(config, dotted, default)) for config in configs.values())
     if len(counts) == 1:

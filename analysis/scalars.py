@@ -57,7 +57,7 @@ ALL_MEANS = {**STEP_MEANS, **DIAGNOSTIC_MEANS}
 CONTENTION_RATIO = 1.25
 
 IDENTITY = ["label", "variant", "algo", "schedule", "correction", "objective", "runtime", "staleness",
-            "max_staleness", "seed", "complete"]
+            "max_staleness", "seed", "complete", "label_prefix"]
 
 
 def final_window(n_steps: int) -> int:
@@ -154,5 +154,4 @@ def context_of(frame: pd.DataFrame) -> pd.Series:
     """What must match for two labels to be compared as "algorithm A vs recompute": the
     experiment prefix of a disambiguated label, correction, objective and runtime (the
     schedule is left out: recompute has none)."""
-    prefix = frame["label"].str.rpartition("/")[0]
-    return prefix + "|" + frame["correction"] + "|" + frame["objective"] + "|" + frame["runtime"]
+    return frame["label_prefix"] + "|" + frame["correction"] + "|" + frame["objective"] + "|" + frame["runtime"]

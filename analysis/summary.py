@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.identity import label_sort_key
+from analysis.identity import label_order
+from analysis.load import add_labels
 from analysis.markdown import fmt, fmt_interval, fmt_mean_std, markdown_table
 from analysis.outcomes import EXCLUDED_NOTE, excluded_text, with_outcomes
 from analysis.scalars import DIAGNOSTIC_MEANS, STEP_MEANS, context_of, run_scalars
@@ -100,7 +101,8 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
     table = table.merge(_speedups(kept), on=GROUP, how="left")
     for column in ("n_seeds", "n_incomplete", "n_diverged", "n_collapsed", "n_contended", "n_cpu_missing"):
         table[column] = table[column].fillna(0).astype(int)  # 0 where every run of the row was left out
-    order = sorted(table.index, key=lambda i: (table.at[i, "staleness"], label_sort_key(table.at[i, "label"])))
+    rank = {name: i for i, name in enumerate(label_order(add_labels(df)))}
+    order = sorted(table.index, key=lambda i: (table.at[i, "staleness"], rank[table.at[i, "label"]]))
     table = table.loc[order].reset_index(drop=True)
     front = ["label", "staleness", "runtime", "steady_from_step", "n_seeds", "n_incomplete", "n_diverged",
              "n_collapsed", "train_time_s_mean",

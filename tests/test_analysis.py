@@ -485,20 +485,44 @@ def test_figure_with_absent_metrics_is_skipped(frame, tmp_path, caplog):
     assert set(read_csv(tmp_path, "fig4_importance_weight")["metric"]) == {"actor/importance_weight/max"}
 
 
+def palette_rows(*rows):
+    """A frame of (label, algo, schedule_name[, label_prefix]) rows, as colour_map reads them."""
+    rows = [row + ("",) * (4 - len(row)) for row in rows]
+    return pd.DataFrame(rows, columns=["label", "algo", "schedule_name", "label_prefix"])
+
+
 def test_colours_are_fixed_and_deterministic():
-    assert figures.colour("loglinear") == figures.PALETTE["loglinear"]
-    assert figures.colour("recompute") != figures.colour("loglinear")
-    assert figures.colour("loglinear-exponential0.5") == figures.colour("loglinear-exponential0.5")
-    assert figures.colour("linear-exponential0.5") != figures.colour("loglinear-exponential0.5")
-    assert figures.colour("something-new") == figures.colour("something-new")
+    assert figures.colour("loglinear", "loglinear") == figures.PALETTE["loglinear"]
+    assert figures.colour("first/loglinear", "loglinear", "inverse", "first") == figures.PALETTE["loglinear"]
+    assert figures.colour("recompute", "recompute") != figures.colour("loglinear", "loglinear")
+    exponential = figures.colour("loglinear-exponential0.5", "loglinear", "exponential")
+    assert exponential == figures.colour("loglinear-exponential0.7 (async)", "loglinear", "exponential")
+    assert figures.colour("linear-exponential0.5", "linear", "exponential") != exponential
+    assert figures.colour("something-new", "something") == figures.colour("something-new", "something")
     # two gammas prefer the same colour; drawn together they get two
-    labels = ["recompute", "loglinear", "loglinear-exponential0.5", "loglinear-exponential0.7"]
-    mapping = figures.colour_map(labels)
+    rows = [("recompute", "recompute"), ("loglinear", "loglinear", "inverse"),
+            ("loglinear-exponential0.5", "loglinear", "exponential"),
+            ("loglinear-exponential0.7", "loglinear", "exponential")]
+    mapping = figures.colour_map(palette_rows(*rows))
     assert mapping["loglinear"] == figures.PALETTE["loglinear"] and mapping["recompute"] == figures.PALETTE["recompute"]
     assert len(set(mapping.values())) == 4
-    assert mapping == figures.colour_map(reversed(labels))  # deterministic
-    assert figures.linestyle("loglinear") == "-" and figures.linestyle("loglinear-exponential0.5") == "--"
-    assert figures.linestyle("loglinear (async)") == "--"
+    assert mapping == figures.colour_map(palette_rows(*reversed(rows)))  # deterministic
+    assert list(mapping) == ["recompute", "loglinear", "loglinear-exponential0.5", "loglinear-exponential0.7"]
+    assert mapping.order(["loglinear-exponential0.7", "recompute"]) == ["recompute", "loglinear-exponential0.7"]
+    assert figures.linestyle("loglinear", "loglinear") == "-"
+    assert figures.linestyle("loglinear-exponential0.5", "loglinear") == "--"
+    assert figures.linestyle("loglinear (async)", "loglinear") == "--"
+    assert figures.linestyle("first/loglinear", "loglinear") == "--"
+    assert mapping.linestyle("recompute") == "-" and mapping.linestyle("loglinear-exponential0.5") == "--"
+
+
+def test_colours_come_from_the_identity_columns_not_the_label_text():
+    """A label is never taken apart: a schedule ablation's colour follows its schedule_name,
+    and a label that merely reads like an algorithm gets no palette colour."""
+    mapping = figures.colour_map(palette_rows(("odd-name", "loglinear", "constant"), ("loglinear", "recompute")))
+    assert mapping["odd-name"] == figures.colour("loglinear-constant0.5", "loglinear", "constant")
+    assert mapping["loglinear"] != figures.PALETTE["loglinear"]  # a recompute run, whatever its label says
+    assert mapping.linestyle("loglinear") == "--"
 
 
 # --- summary --------------------------------------------------------------------------
@@ -571,7 +595,7 @@ def test_identity_carries_every_parameter(tmp_path):
     base = {"experiment_name": "ids", "train": {"total_steps": 4}}
     dump_run(root, "recompute-icepop0.5_2-d8-s1", {**base, "algo": {"name": "recompute", "uses_schedule": False},
                                                     "schedule": {"name": "inverse"}, "staleness": 8, "seed": 1,
-                                                    "correction": {"name": "icepop", "low": 0.5, "high": 2},
+                                                    "correction": {"name": "icepop", "lo": 0.5, "hi": 2},
                                                     "objective": {"name": "ppo"}},
              flat_records(4, reward__mean=0.1))
     dump_run(root, "loglinear-tis2-gspo-d4-s0", {**base, "algo": {"name": "loglinear", "uses_schedule": True},
@@ -596,19 +620,20 @@ def test_identity_carries_every_parameter(tmp_path):
 
 
 def test_run_identity_of_old_and_flattened_configs():
-    old = run_identity({"run_name": "loglinear-d2-s0", "algo": {"name": "loglinear"}, "staleness": 2, "seed": 0},
-                       "x")
+    old = run_identity({"run_name": "loglinear-d2-s0", "algo": {"name": "loglinear"}, "staleness": 2, "seed": 0})
     assert (old["correction"], old["objective"], old["runtime"], old["label"]) == ("none", "ppo", "lagged",
                                                                                     "loglinear")
     flat = {"run_name": {"value": "recompute-icepop0.5_2-d8-s1"}, "algo.name": {"value": "recompute"},
             "staleness": {"value": 8}, "seed": {"value": 1}, "correction.name": {"value": "icepop"},
-            "correction.low": {"value": 0.5}, "correction.high": {"value": 2}, "runtime.name": {"value": "async"},
+            "correction.hi": {"value": 2}, "correction.lo": {"value": 0.5}, "runtime.name": {"value": "async"},
             "runtime.max_staleness": {"value": 3}}
-    identity = run_identity(flat, "x")
+    identity = run_identity(flat)
     assert (identity["label"], identity["correction"], identity["max_staleness"]) == \
         ("recompute-icepop0.5_2 (async)", "icepop0.5_2", 3)
-    unnamed = run_identity({"algo": {"name": "coupled"}}, "coupled-d4-s2")  # from the directory name
-    assert (unnamed["staleness"], unnamed["seed"], unnamed["label"]) == (4, 2, "coupled")
+    # no run_name: the record names the run; nothing is read from a directory's name
+    unnamed = run_identity({"algo": {"name": "coupled"}, "staleness": 4, "seed": 2}, fallback_experiment="sweep")
+    assert (unnamed["run"], unnamed["experiment"], unnamed["staleness"], unnamed["seed"], unnamed["label"]) == \
+        ("coupled-d4-s2", "sweep", 4, 2, "coupled")
 
 
 def gamma_config(gamma: float, seed: int) -> dict:

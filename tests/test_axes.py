@@ -11,8 +11,8 @@ import yaml
 from a3po.maths.corrections import CORRECTIONS, Correction, CorrectionSpec
 from a3po.maths.objectives import OBJECTIVES
 from a3po.maths.proximal import ALGOS, Method
-from a3po.maths.schedules import SCHEDULES
-from a3po.maths.spec import Param, Spec
+from a3po.maths.schedules import SCHEDULES, ScheduleSpec
+from a3po.maths.spec import Param
 from a3po.run.main import run, run_dir_of
 from a3po.run.metrics_log import read_metrics
 from conftest import CONF_DIR, TINY_OVERRIDES, compose_config
@@ -46,7 +46,7 @@ def _toy_correction(log_w, seq_index, valid, *, scale: float) -> Correction:
 
 
 TOYS = [
-    ("schedule", SCHEDULES, Spec("toy", _toy_schedule, "w_b = 1/(d + k - 1)", {"k": Param(3.0, lambda v: v >= 1, ">= 1")}),
+    ("schedule", SCHEDULES, ScheduleSpec("toy", _toy_schedule, "w_b = 1/(d + k - 1)", {"k": Param(3.0, lambda v: v >= 1, ">= 1")}),
      {"name": "toy", "k": 3.0}),
     ("algo", ALGOS, Method("halfway", _toy_interpolation, "half of loglinear's step"), {"name": "halfway"}),
     ("correction", CORRECTIONS,

@@ -9,7 +9,7 @@ import re
 import pytest
 
 import a3po.models
-from a3po.config import run_name
+from a3po.identity import identity_record, run_name
 from a3po.errors import ConfigError
 from a3po.run.metrics_log import read_metrics
 from a3po.run.main import run, run_dir_of
@@ -47,7 +47,8 @@ def test_run_names_carry_correction_and_objective_with_parameters(tiny_cfg):
     assert cfg.run_name == "loglinear-icepop0.5_2-gspo0.0003_0.0004-d4-s0"
     assert tiny_cfg("algo=recompute", "correction=tis", "correction.cap=3").run_name == "recompute-tis3-d2-s0"
     assert tiny_cfg("algo=recompute").run_name == "recompute-d2-s0"  # the defaults are left out
-    assert run_name("loglinear", "inverse", 8, 1, {"name": "m2po", "tau": 0.04}, {"name": "ppo"}) == "loglinear-m2po0.04-d8-s1"
+    record = identity_record("loglinear", "inverse", {"name": "m2po", "tau": 0.04}, {"name": "ppo"}, None, 8, 1, "fp32")
+    assert run_name(record) == "loglinear-m2po0.04-d8-s1"
 
 
 @pytest.mark.parametrize("overrides, expected", [

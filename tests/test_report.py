@@ -18,7 +18,7 @@ import pytest  # noqa: E402
 import yaml  # noqa: E402
 
 from analysis import claims, figures, report  # noqa: E402
-from analysis.figures_corrections import method_of  # noqa: E402
+from analysis.figures_corrections import methods  # noqa: E402
 from analysis.load import load_runs  # noqa: E402
 from analysis.stats import mean_ci, welch_ci  # noqa: E402
 
@@ -187,7 +187,7 @@ def test_report_without_recompute_says_so(claims_sweep, tmp_path):
 # --- corrections panel -----------------------------------------------------------------
 
 CORRECTIONS = {"none": ({"name": "none"}, ""), "tis": ({"name": "tis", "cap": 2.0}, "-tis2"),
-               "icepop": ({"name": "icepop", "low": 0.5, "high": 2}, "-icepop0.5_2")}
+               "icepop": ({"name": "icepop", "lo": 0.5, "hi": 2}, "-icepop0.5_2")}
 
 
 def correction_value(algo: str, correction: str, staleness: int, seed: int) -> float:
@@ -215,7 +215,8 @@ def corrections_sweep(tmp_path_factory) -> Path:
 def test_corrections_panel(corrections_sweep, tmp_path):
     df = load_runs(corrections_sweep)
     assert set(df["correction"]) == {"none", "tis2", "icepop0.5_2"}
-    assert method_of("recompute-icepop0.5_2", "icepop0.5_2") == "recompute"
+    series = methods(df).set_index("run")["method"]
+    assert series["recompute-icepop0.5_2-d8-s1"] == "recompute" and series["loglinear-tis2-d2-s0"] == "loglinear"
     written = figures.make_figures(df, tmp_path)
     for suffix in ("png", "pdf", "csv"):
         assert tmp_path / f"corrections_panel.{suffix}" in written

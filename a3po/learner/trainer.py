@@ -17,13 +17,13 @@ from omegaconf import DictConfig, OmegaConf
 from a3po.batch import RolloutBatch, Sample
 from a3po.device import autocast, autocast_dtype
 from a3po.learner.batching import pack_micro_batches, split_minibatches
+from a3po.learner.fidelity import fidelity_metrics
 from a3po.learner.step_metrics import StepMetrics
 from a3po.learner.update import all_finite, check_update, make_optimizer
 from a3po.maths.advantages import grpo_advantages
 from a3po.maths.logprobs import token_logprobs, token_logprobs_and_entropy
-from a3po.maths.loss import decoupled_loss, token_decisions
-from a3po.maths.masked import masked_mean
-from a3po.maths.proximal import ALGOS, approximate_prox_logp, approximation_errors
+from a3po.maths.loss import decoupled_loss
+from a3po.maths.proximal import ALGOS, approximate_prox_logp
 from a3po.maths.schedules import validate_schedule
 from a3po.distributed import (SINGLE, DistInfo, all_reduce_max, all_reduce_sum, local_value, shard,
                                   wrap_fsdp)
@@ -230,8 +230,9 @@ class Trainer:
                     metrics.add({**stats, "actor/entropy": entropy.mean()}, n_tokens=logp.numel())
                     if self.error_schedules:
                         reference = torch.cat([recomputed[i] for i in micro])
-                        metrics.add(self.approximation_errors(reference, logp, tokens, version, index, len(plans)),
-                                    n_tokens=logp.numel())
+                        metrics.add(fidelity_metrics(reference, logp, tokens, version, index, len(plans),
+                                                     schedules=self.error_schedules, objective=self.objective,
+                                                     correction=self.correction), n_tokens=logp.numel())
                 grad_norm = local_value(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.grad_clip))
                 # one host sync per minibatch, before the update: nothing non-finite reaches the weights
                 self.check_update(finite_flags, minibatch_loss, grad_norm, version, index, len(plans))
@@ -276,22 +277,6 @@ class Trainer:
             "advantages": self._to_device(torch.cat([a.expand(n) for a, n in zip(advantages, sizes)])),
             "mask": torch.ones_like(behave, dtype=torch.bool),
         }
-
-    def approximation_errors(self, reference: torch.Tensor, logp: torch.Tensor, tokens: Mapping[str, torch.Tensor],
-                             version: int, minibatch: int, n_minibatches: int) -> dict[str, torch.Tensor]:
-        """Every logged schedule's anchor against the recomputed one (`reference`) in minibatch
-        k of m: errors and the flip rates of the loss's per-token decisions (a3po.maths.proximal,
-        a3po.maths.loss), and the policy's drift from the behaviour one."""
-        behave, valid, seq = tokens["behave"], tokens["mask"], tokens["seq_index"]
-
-        def decisions(anchor: torch.Tensor) -> dict[str, torch.Tensor]:
-            return token_decisions(logp, anchor, behave, tokens["advantages"], seq, valid,
-                                   objective=self.objective, correction=self.correction)
-
-        errors = approximation_errors(reference, behave, logp.detach(), tokens["versions"], version, valid,
-                                      self.error_schedules, position=minibatch / n_minibatches, decisions=decisions)
-        # against d + k/m (versions between behaviour and current policy) it gives the drift exponent (analysis.drift)
-        return {**errors, f"drift/logp_abs/k{minibatch}": masked_mean((logp.detach() - behave).abs(), valid)}
 
     def approximate_prox(self, behave: torch.Tensor, logp: torch.Tensor, versions: torch.Tensor,
                          version: int, position: float = 0.0) -> torch.Tensor:

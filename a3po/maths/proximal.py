@@ -179,12 +179,9 @@ def approximation_errors(
                       versions=versions, loss_mask=loss_mask)
     mask = loss_mask.bool()
     count = mask.sum().clamp(min=1)
-    target_logp = target_logp.detach()
-    prox_logp_true = prox_logp_true.detach()
-    iw_true = torch.exp(target_logp - prox_logp_true)
-    bw_true = torch.exp(prox_logp_true - behave_logp)
-    out: dict[str, torch.Tensor] = {}
+    target_logp, prox_logp_true = target_logp.detach(), prox_logp_true.detach()
     true_decisions = decisions(prox_logp_true) if decisions is not None else {}
+    out: dict[str, torch.Tensor] = {}
     for schedule, params in schedules.items():
         for method in methods or approximations():
             approx = approximate_prox_logp(
@@ -192,14 +189,20 @@ def approximation_errors(
                 method=method, schedule=schedule, position=position, check_finite=False, **dict(params),
             )
             label = schedule if method == "loglinear" else f"{schedule}-{method}"
-            errors = {
-                "logp_abs": (approx - prox_logp_true).abs(),
-                "iw_abs": (torch.exp(target_logp - approx) - iw_true).abs(),
-                "bw_abs": (torch.exp(approx - behave_logp) - bw_true).abs(),
-            }
+            errors = _errors(approx, prox_logp_true, behave_logp, target_logp)
             if decisions is not None:
                 errors.update({f"{name}_flip": (made != true_decisions[name]).float()
                                for name, made in decisions(approx).items()})
             for name, err in errors.items():
                 out[f"prox_error/{label}/{name}"] = torch.where(mask, err, 0.0).sum() / count
     return out
+
+
+def _errors(approx: torch.Tensor, prox_true: torch.Tensor, behave: torch.Tensor, target: torch.Tensor
+            ) -> dict[str, torch.Tensor]:
+    """Per token: the anchors' log-prob, importance-weight and behaviour-weight differences."""
+    return {
+        "logp_abs": (approx - prox_true).abs(),
+        "iw_abs": (torch.exp(target - approx) - torch.exp(target - prox_true)).abs(),
+        "bw_abs": (torch.exp(approx - behave) - torch.exp(prox_true - behave)).abs(),
+    }

@@ -1,8 +1,8 @@
 """A run directory means one config.
 
 The directory of a run is Hydra's output directory for its job (`hydra.run.dir`, or
-`hydra.sweep.dir`/`hydra.sweep.subdir` in a sweep); its default name is derived from the
-config (`<algo>[-<schedule>][-<correction>][-<objective>]-d<staleness>-s<seed>`), with no
+`hydra.sweep.dir`/`hydra.sweep.subdir` in a sweep); its default name is `run_name`, a function
+of the run's identity record (a3po.identity: `<label>-d<staleness>-s<seed>`), with no
 timestamp, so a requeued job finds its run again. Starting a run in a directory that holds a
 run of a different config would either mislabel the old results (a finished run) or resume
 its checkpoint under the new config (an unfinished one), so `claim_run_dir` refuses, naming
@@ -31,37 +31,12 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from a3po.errors import ConfigError
+from a3po.identity import (DERIVED_KEYS, EXTENSIBLE_KEY, LEGACY_VALUES, MOVED_KEYS,  # noqa: F401  (LEGACY_VALUES: read by analysis)
+                           RESULT_NEUTRAL_KEYS)
 from a3po.run.lock import lock_run_dir, release_run_dir
 
 log = logging.getLogger(__name__)
 
-# Keys whose value does not change a run's results, so a run may be resumed or re-entered
-# with a different value: where it logs, how often it checkpoints, how far this invocation
-# goes, what is kept at the end, and what happens on a conflict. `train.total_steps` may grow
-# (extending a run); any other difference is a different run.
-RESULT_NEUTRAL_KEYS = (
-    "logger",
-    "output_root",
-    "on_config_change",
-    "train.max_steps_this_run",
-    "train.checkpoint_every",
-    "train.keep_checkpoint",
-    "train.save_final_model",
-    "train.warmup",
-    "train.collapse_entropy",  # the collapse rule flags runs; it changes no number a run computes
-    "train.collapse_grad_norm",
-    "train.collapse_steps",
-    "runtime.shutdown_timeout_s",
-)
-EXTENSIBLE_KEY = "train.total_steps"
-# A key a run's config.yaml lacks because it was written before the key existed, compared as
-# the value that run actually used: every run before `precision` computed in float32 on a CPU.
-LEGACY_VALUES = {"precision": "fp32"}
-# Keys an older config.yaml holds that have moved, with their new home. The old key's value
-# was interpolated into the new home (conf/objective/ppo.yaml, conf/correction/none.yaml), or
-# unused beside another objective or correction, so the new home alone is compared.
-MOVED_KEYS = {"train.eps_clip": "objective.eps_clip", "train.eps_clip_higher": "objective.eps_clip_higher",
-              "train.behave_weight_cap": "correction.cap"}
 FINISHED_MARKER = "finished.json"
 
 
@@ -78,13 +53,13 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _neutral(key: str) -> bool:
-    return any(key == k or key.startswith(f"{k}.") for k in RESULT_NEUTRAL_KEYS)
+    return any(key == k or key.startswith(f"{k}.") for k in RESULT_NEUTRAL_KEYS + DERIVED_KEYS)
 
 
 def config_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
-    """(key, old value, new value) for every key that changes results; a missing key shows as
-    `<absent>`, and is no difference where the other side is null (a key added since, at its
-    null default). Growing `train.total_steps` is not a difference; shrinking it is."""
+    """(key, old value, new value) for every key that changes results (DERIVED_KEYS are none); a
+    missing key shows as `<absent>`, and is no difference where the other side is null (a key added
+    since, at its null default). Growing `train.total_steps` is not a difference; shrinking it is."""
     old_flat, new_flat = flatten(old), flatten(new)
     diffs = []
     for key in sorted(set(old_flat) | set(new_flat)):
