@@ -11,20 +11,8 @@ from matplotlib.figure import Figure
 
 from analysis.identity import label
 from analysis.load import add_labels
-from analysis.plotting import (
-    DEFAULT_SAVE,
-    SaveOptions,
-    band,
-    colour_map,
-    legend,
-    log,
-    missing,
-    not_logged,
-    save,
-    seed_note,
-    seed_stats,
-    time_unit,
-)
+from analysis.plotting import (DEFAULT_SAVE, SaveOptions, band, colour_map, legend, log, missing, not_logged,
+                               save, seed_note, seed_stats, time_unit)
 from analysis.scalars import RUN_KEY, run_scalars
 
 

@@ -14,19 +14,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from analysis.load import add_labels
-from analysis.plotting import (
-    DEFAULT_SAVE,
-    STEP_LABEL,
-    SaveOptions,
-    band,
-    colour_map,
-    legend,
-    log,
-    missing,
-    save,
-    seed_note,
-    seed_stats,
-)
+from analysis.plotting import (DEFAULT_SAVE, STEP_LABEL, SaveOptions, band, colour_map, legend, log, missing,
+                               save, seed_note, seed_stats)
 
 
 def _staleness_grid(n_rows: int, staleness_levels: Sequence[int], height: float = 3.2) -> tuple[Figure, np.ndarray]:
