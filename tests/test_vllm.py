@@ -36,6 +36,10 @@ def _config():
         "model": OmegaConf.load(CONF_DIR / "model" / "tiny.yaml"),
         "rollout": OmegaConf.load(CONF_DIR / "rollout" / "vllm.yaml"),
         "algo": OmegaConf.load(CONF_DIR / "algo" / "loglinear.yaml"),
+        "schedule": OmegaConf.load(CONF_DIR / "schedule" / "inverse.yaml"),
+        "correction": OmegaConf.load(CONF_DIR / "correction" / "none.yaml"),
+        "objective": OmegaConf.load(CONF_DIR / "objective" / "ppo.yaml"),
+        "precision": "fp32",
         "train": root.train,
     })
     cfg.model.num_attention_heads, cfg.model.num_key_value_heads = VLLM_TINY_HEADS
@@ -54,7 +58,6 @@ def setup():
     cfg = _config()
     policy, tokenizer = load_policy(cfg.model, seed=0)
     engine = build_engine(cfg.rollout, policy, tokenizer, torch.device("cpu"))
-    cfg.rollout.temperature = TEMPERATURE
     trainer = Trainer(policy, cfg, pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer())
     prompts = [tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": f"What is {i} + {2 * i}?"}],
                                                        add_generation_prompt=True, tokenize=False),
