@@ -167,7 +167,8 @@ def staleness_panel(df: pd.DataFrame, out_dir: str | Path, options: SaveOptions 
 
 
 APPROX_KINDS = [("logp_abs", "|approx - recomputed| prox logp\n(mean over steps)"),
-                ("iw_abs", "importance-weight error\n(mean over steps)")]
+                ("iw_abs", "importance-weight error\n(mean over steps)"),
+                ("clip_flip", "clip-decision flip rate\n(share of valid tokens, mean over steps)")]
 
 
 def _approximation(schedule: str) -> tuple[str, str]:
@@ -181,13 +182,14 @@ def _approximation(schedule: str) -> tuple[str, str]:
 
 def approx_error(df: pd.DataFrame, out_dir: str | Path, options: SaveOptions = DEFAULT_SAVE) -> list[Path]:
     """How far each schedule's approximation is from the recomputed proximal log-probs,
-    against staleness (metrics-mode runs): the figure no peer publishes. Each run's
-    error is its mean over steps; seeds give the mean and min-max band. The y axis goes
-    logarithmic when the errors span more than a factor of 30."""
+    against staleness (runs with train.log_prox_errors): the log-prob and importance-weight
+    errors and how often the anchor changes a token's clip decision, the figures no peer
+    publishes. Each run's value is its mean over steps; seeds give the mean and min-max band.
+    A panel's y axis goes logarithmic when its values span more than a factor of 30."""
     stem = "approx_error"
     errors = df[df["metric"].str.startswith("prox_error/")].copy()
     if errors.empty:
-        log.warning("%s skipped: no prox_error/<schedule>/... metrics (no metrics-mode run)", stem)
+        log.warning("%s skipped: no prox_error/<schedule>/... metrics (no run with train.log_prox_errors)", stem)
         return []
     body = errors["metric"].str.slice(len("prox_error/"))
     errors["schedule"] = body.str.rsplit("/", n=1).str[0]
@@ -199,8 +201,8 @@ def approx_error(df: pd.DataFrame, out_dir: str | Path, options: SaveOptions = D
     data.insert(2, "label", [label(algo, schedule) for algo, schedule in zip(methods["algo"], methods["schedule_name"])])
     colours = colour_map(methods.assign(label=data["label"].to_numpy()))
     levels = sorted(data["staleness"].unique())
-    fig = Figure(figsize=(11, 4.3), layout="constrained")
-    for ax, (kind, y_label) in zip(fig.subplots(1, 2, squeeze=False).ravel(), APPROX_KINDS):
+    fig = Figure(figsize=(16, 4.3), layout="constrained")
+    for ax, (kind, y_label) in zip(fig.subplots(1, len(APPROX_KINDS), squeeze=False).ravel(), APPROX_KINDS):
         subset = data[data["kind"] == kind]
         for name in colours.order(subset["label"]):
             curve = subset[subset["label"] == name].sort_values("staleness")
