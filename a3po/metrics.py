@@ -82,6 +82,9 @@ METRICS: tuple[Metric, ...] = (
            "train.log_prox_errors: abs(approximation - recompute) (logp_abs, iw_abs, bw_abs) and the flip rates of the loss's clip and keep decisions (clip_flip, keep_flip), per schedule (and -linear)"),
     Metric("drift/logp_abs/k<k>", "trainer", "token_mean",
            "train.log_prox_errors: mean abs(logp - behave_logp) in minibatch k (analysis.drift fits it against d + k/m)"),
+    *_family("trainer", "token_mean", "train.log_prox_errors: mean(delta * (recomputed - behave)) and mean(delta^2), "
+             "delta = logp - behave_logp, in minibatch k; their ratio is the least-squares alpha at (d, k/m)",
+             "alpha_fit/cross/k<k>", "alpha_fit/delta_sq/k<k>"),
     *_family("rollout", "step", "the batch's rewards and responses", "reward/mean", "reward/malformed",
              "response/length_mean", "response/truncated"),
     Metric("eval/reward", "loop", "step", "held-out mean reward after every train.eval_every-th step and the last"),

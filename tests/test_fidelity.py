@@ -53,3 +53,20 @@ def test_a_run_logs_drift_per_minibatch_and_the_fit_reads_it(tiny_cfg, capsys):
     assert sorted(points[points["step"] == 3]["distance"]) == [2.0, 2.5]  # d = 2, k/m = 0 and 1/2
     assert main([str(run_dir_of(cfg))]) == 0
     assert "drift = " in capsys.readouterr().out
+
+
+def test_the_alpha_fit_statistics_give_the_least_squares_alpha():
+    import torch
+
+    from a3po.learner.fidelity import fidelity_metrics
+
+    behave = torch.tensor([-1.0, -2.0, -0.5, -3.0])
+    logp = behave + torch.tensor([0.4, -0.2, 0.8, 0.1])
+    reference = behave + 0.75 * (logp - behave)  # the recomputed anchor sits 3/4 of the way
+    tokens = {"behave": behave, "mask": torch.ones(4, dtype=torch.bool), "seq_index": torch.arange(4),
+              "advantages": torch.ones(4), "versions": torch.full((4,), 2)}
+    out = fidelity_metrics(reference, logp, tokens, 4, 1, 4, schedules={},
+                           objective={"name": "ppo", "eps_clip": 0.2}, correction={"name": "none", "cap": None})
+    alpha = out["alpha_fit/cross/k1"] / out["alpha_fit/delta_sq/k1"]
+    assert alpha.item() == pytest.approx(0.75)
+    assert out["drift/logp_abs/k1"].item() == pytest.approx((0.4 + 0.2 + 0.8 + 0.1) / 4)

@@ -19,8 +19,11 @@ def fidelity_metrics(reference: torch.Tensor, logp: torch.Tensor, tokens: Mappin
                      objective: Mapping[str, Any], correction: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     """One micro-batch of minibatch k of m, against the recomputed anchor `reference`: each
     schedule's errors and the flip rates of the loss's per-token decisions
-    (a3po.maths.proximal, a3po.maths.loss), and the drift `drift/logp_abs/k<k>`, which
-    against d + k/m versions gives the drift exponent (analysis.drift)."""
+    (a3po.maths.proximal, a3po.maths.loss), the drift `drift/logp_abs/k<k>`, which against
+    d + k/m versions gives the drift exponent (analysis.drift), and the two token means whose
+    ratio is the least-squares alpha of a loglinear anchor at this (d, k/m): with
+    delta = logp - behave and target = reference - behave, alpha* = mean(delta * target) /
+    mean(delta^2) (`alpha_fit/{cross,delta_sq}/k<k>`; the fit a schedule can be made from)."""
     behave, valid, seq = tokens["behave"], tokens["mask"], tokens["seq_index"]
 
     def decisions(anchor: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -29,4 +32,7 @@ def fidelity_metrics(reference: torch.Tensor, logp: torch.Tensor, tokens: Mappin
 
     errors = approximation_errors(reference, behave, logp.detach(), tokens["versions"], version, valid, schedules,
                                   position=minibatch / n_minibatches, decisions=decisions)
-    return {**errors, f"drift/logp_abs/k{minibatch}": masked_mean((logp.detach() - behave).abs(), valid)}
+    delta, target = logp.detach() - behave, reference.detach() - behave
+    return {**errors, f"drift/logp_abs/k{minibatch}": masked_mean(delta.abs(), valid),
+            f"alpha_fit/cross/k{minibatch}": masked_mean(delta * target, valid),
+            f"alpha_fit/delta_sq/k{minibatch}": masked_mean(delta * delta, valid)}
