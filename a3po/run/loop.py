@@ -106,12 +106,14 @@ def train_loop(parts: RunParts, logger: MetricsLogger | None, start_step: int, w
     exit_code = 1
     try:
         with GracefulStop() as stop:
-            stop_requested = lambda: any_rank(stop.requested, dist)  # noqa: E731  every rank stops at the same step
+            def stop_requested() -> bool:  # a signal that reached any rank stops every rank at the same step
+                return any_rank(stop.requested, dist)
+
             while at.step < stop_after and not stop_requested():
                 metrics = _one_step(parts, logger, at, collapse, stop_after, stop_requested)
                 progress.update(1)
                 progress.set_postfix(reward=f"{metrics['reward/mean']:.3f}", step_s=f"{metrics['time/step']:.1f}")
-            _end(parts, at, stop_requested)
+            _end(parts, at)
             exit_code = 0
             if stop_requested():
                 log.warning("stopped at step %d by a signal; checkpoint written; rerun the same command to resume", at.step)
@@ -153,7 +155,7 @@ def _one_step(parts: RunParts, logger: MetricsLogger | None, at: _Progress, coll
     return metrics
 
 
-def _end(parts: RunParts, at: _Progress, stop_requested) -> None:
+def _end(parts: RunParts, at: _Progress) -> None:
     """A checkpoint if a signal came between the last check and the loop's end; the finished
     marker (rank 0) once every step has run."""
     if at.step < parts.cfg.train.total_steps and at.saved_at != at.step:
