@@ -1,5 +1,5 @@
-"""One typed spec per ablation axis: what a choice computes, the parameters it takes (with
-their defaults and ranges) and how it is named.
+"""One typed spec per ablation axis: what a choice computes and the parameters it takes, with
+their defaults and ranges (run names and labels are built from them by a3po.identity).
 
 Each axis (alpha schedules, proximal methods, corrections, objectives) keeps its choices in a
 `Registry` of `Spec`s beside their functions. Config validation, the trainer, run names,
@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
-__all__ = ["Param", "Spec", "Registry", "number", "label"]
+__all__ = ["Param", "Spec", "Registry", "number"]
 
 
 def number(key: str, value: Any) -> float:
@@ -45,17 +45,6 @@ class Param:
         return value
 
 
-def _fmt(value: Any) -> str:
-    return f"{float(value):g}"
-
-
-def label(name: str, values: Mapping[str, Any]) -> str:
-    """`icepop0.5_2`, `exponential0.5`, `tis2`, `none`: the name, then every numeric value
-    (`%g`, joined by `_`, in the spec's order). Run names and analysis labels use it."""
-    numeric = [_fmt(v) for v in values.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    return name + "_".join(numeric)
-
-
 @dataclass(frozen=True)
 class Spec:
     """One choice on one axis. `fn` is what the trainer calls with the checked parameters as
@@ -85,10 +74,6 @@ class Spec:
         if self.check_together is not None:
             self.check_together(values)
         return values
-
-    def label(self, given: Mapping[str, Any] | None = None) -> str:
-        """The name with this choice's parameter values (defaults filled in)."""
-        return label(self.name, {**self.defaults(), **{k: v for k, v in (given or {}).items() if k in self.params}})
 
 
 class Registry(Mapping[str, Spec]):
