@@ -70,3 +70,17 @@ def test_the_alpha_fit_statistics_give_the_least_squares_alpha():
     alpha = out["alpha_fit/cross/k1"] / out["alpha_fit/delta_sq/k1"]
     assert alpha.item() == pytest.approx(0.75)
     assert out["drift/logp_abs/k1"].item() == pytest.approx((0.4 + 0.2 + 0.8 + 0.1) / 4)
+
+
+def test_the_approx_quality_report_tabulates_every_schedule_and_the_drift(tiny_cfg, tmp_path):
+    from analysis.approx_quality import main
+
+    cfg = tiny_cfg("algo=recompute", "staleness=1", "train.total_steps=3", "train.log_prox_errors=true")
+    run(cfg)
+    out = tmp_path / "docs" / "approx_quality.md"
+    assert main([str(run_dir_of(cfg).parent), "--out", str(out), "--figures-dir", str(tmp_path / "docs" / "figs")]) == 0
+    text = out.read_text()
+    for schedule in ("inverse", "step_start", "target", "behave-linear"):
+        assert f"| `{schedule}` |" in text
+    assert "clip flips, d = 1" in text and "Drift: mean |logp - behave_logp| = " in text
+    assert (tmp_path / "docs" / "figs" / "approx_error.png").exists()
