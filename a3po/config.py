@@ -10,8 +10,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from a3po.cfg_access import plain
 from a3po.device import DEVICES, PRECISIONS, RESOLVED_PRECISIONS
 from a3po.errors import ConfigError
 from a3po.identity import register_resolvers
@@ -41,22 +42,18 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _plain(node: Any) -> Any:
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
-
-
 def _validate_axes(cfg: DictConfig) -> None:
     """Each ablation axis's choice and its parameters, read from its spec (a3po.maths.spec),
     and the one combination across axes that has no meaning (a correction beside coupled)."""
     checks = [lambda: ALGOS.lookup(cfg.algo.name),
-              lambda: validate_schedule(cfg.schedule.get("name"), _plain(cfg.schedule)),
-              lambda: check_correction(cfg.correction.get("name"), _plain(cfg.correction)),
-              lambda: check_objective(cfg.objective.get("name"), _plain(cfg.objective)),
+              lambda: validate_schedule(cfg.schedule.get("name"), plain(cfg.schedule)),
+              lambda: check_correction(cfg.correction.get("name"), plain(cfg.correction)),
+              lambda: check_objective(cfg.objective.get("name"), plain(cfg.objective)),
               lambda: check_combination(cfg.correction.name, cfg.algo.name)]
     if cfg.train.log_prox_errors:
         for name, params in (cfg.train.get("prox_error_schedules") or {}).items():
             where = f"train.prox_error_schedules.{name}"
-            checks.append(lambda name=name, params=params, where=where: validate_schedule(name, _plain(params), where))
+            checks.append(lambda name=name, params=params, where=where: validate_schedule(name, plain(params), where))
     for check in checks:
         try:
             check()

@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from a3po.batch import RolloutBatch, Sample
+from a3po.cfg_access import plain
 from a3po.device import autocast, autocast_dtype
 from a3po.learner.batching import pack_micro_batches, split_minibatches
 from a3po.learner.fidelity import fidelity_metrics
@@ -30,10 +30,6 @@ from a3po.distributed import (SINGLE, DistInfo, all_reduce_max, all_reduce_sum, 
 from a3po.timer import DeviceSpans, PhaseTimer
 
 
-def _plain(node: Any) -> dict[str, Any]:
-    return dict(OmegaConf.to_container(node, resolve=True)) if isinstance(node, DictConfig) else dict(node)
-
-
 class Trainer:
     """The learner: forwards, the proximal log-probs of the run's method and the optimizer
     updates of one step. `cfg` is the run's composed config (its algo, schedule, correction,
@@ -47,12 +43,12 @@ class Trainer:
         self.dist = dist
         self.algo = ALGOS.lookup(cfg.algo.name)
         # The loss axes (conf/correction, conf/objective): each holds its own parameters.
-        self.correction = _plain(cfg.correction)
-        self.objective = _plain(cfg.objective)
+        self.correction = dict(plain(cfg.correction))
+        self.objective = dict(plain(cfg.objective))
         self.schedule = cfg.schedule.name
-        self.schedule_params = validate_schedule(self.schedule, _plain(cfg.schedule))
-        self.cfg = cfg.train
-        self.error_schedules = ({name: _plain(params or {}) for name, params in (cfg.train.get("prox_error_schedules") or {}).items()}
+        self.schedule_params = validate_schedule(self.schedule, plain(cfg.schedule))
+        self.train = cfg.train
+        self.error_schedules = ({name: dict(plain(params or {})) for name, params in (cfg.train.get("prox_error_schedules") or {}).items()}
                                 if cfg.train.get("log_prox_errors", False) else {})
         self.temperature = float(cfg.rollout.temperature)
         self.pad_id = pad_id
@@ -154,9 +150,9 @@ class Trainer:
     def plan(self, samples: list[Sample], generator: torch.Generator) -> list[list[list[int]]]:
         """Minibatches of sample indices (the same on every rank), this rank's shard of each
         cut into token-budget micro-batches."""
-        minibatches = split_minibatches(len(samples), self.cfg.n_minibatches, generator)
+        minibatches = split_minibatches(len(samples), self.train.n_minibatches, generator)
         plans = [pack_micro_batches({i: samples[i].length for i in shard(mb, self.dist.rank, self.dist.world)},
-                                    self.cfg.token_budget) for mb in minibatches]
+                                    self.train.token_budget) for mb in minibatches]
         return plans if self.dist.world == 1 else self._equal_micro_batch_counts(plans)
 
     def _equal_micro_batch_counts(self, plans: list[list[list[int]]]) -> list[list[list[int]]]:
@@ -182,10 +178,10 @@ class Trainer:
 
     def advantages(self, batch: RolloutBatch) -> torch.Tensor:
         rewards = torch.tensor([s.reward for s in batch.samples], dtype=torch.float32)
-        rewards = (rewards + self.cfg.reward_bias) * self.cfg.reward_scaling
-        advantages = grpo_advantages(rewards.view(batch.n_prompts, batch.n_samples), norm_std=self.cfg.adv_norm_std,
-                                     unbiased=self.cfg.adv_std_unbiased, eps=self.cfg.adv_eps).view(-1)
-        if self.cfg.adv_batch_norm:
+        rewards = (rewards + self.train.reward_bias) * self.train.reward_scaling
+        advantages = grpo_advantages(rewards.view(batch.n_prompts, batch.n_samples), norm_std=self.train.adv_norm_std,
+                                     unbiased=self.train.adv_std_unbiased, eps=self.train.adv_eps).view(-1)
+        if self.train.adv_batch_norm:
             # token-weighted, as a normalisation over the batch's response tokens would be
             lengths = torch.tensor([s.response_ids.numel() for s in batch.samples], dtype=torch.float32)
             mean = (advantages * lengths).sum() / lengths.sum()
@@ -233,7 +229,7 @@ class Trainer:
                         metrics.add(fidelity_metrics(reference, logp, tokens, version, index, len(plans),
                                                      schedules=self.error_schedules, objective=self.objective,
                                                      correction=self.correction), n_tokens=logp.numel())
-                grad_norm = local_value(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.grad_clip))
+                grad_norm = local_value(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.train.grad_clip))
                 # one host sync per minibatch, before the update: nothing non-finite reaches the weights
                 self.check_update(finite_flags, minibatch_loss, grad_norm, version, index, len(plans))
                 self.optimizer.step()

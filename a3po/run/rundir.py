@@ -31,8 +31,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from a3po.errors import ConfigError
-from a3po.identity import (DERIVED_KEYS, EXTENSIBLE_KEY, LEGACY_VALUES, MOVED_KEYS,  # noqa: F401  (LEGACY_VALUES: read by analysis)
-                           RESULT_NEUTRAL_KEYS)
+from a3po.identity import DERIVED_KEYS, EXTENSIBLE_KEY, LEGACY_VALUES, MOVED_KEYS, RESULT_NEUTRAL_KEYS
 from a3po.run.lock import lock_run_dir, release_run_dir
 
 log = logging.getLogger(__name__)
