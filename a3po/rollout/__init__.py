@@ -19,9 +19,18 @@ def _build_hf(rollout_cfg, policy, tokenizer, device, concurrent: bool, precisio
 
 
 def _build_vllm(rollout_cfg, policy, tokenizer, device, concurrent: bool, precision: str) -> RolloutEngine:
+    """In this process, unless it belongs to a torch.distributed group of several processes
+    (torchrun): then in a child process of its own (a3po.rollout.vllm_child says why). Either
+    owns its weights. (An in-process vLLM's own group has one process.)"""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        from a3po.rollout.vllm_child import ChildVLLMEngine
+
+        return ChildVLLMEngine(rollout_cfg, policy, tokenizer, device, precision=precision)
     from a3po.rollout.vllm_engine import VLLMEngine  # imported lazily: vllm is optional
 
-    return VLLMEngine.from_config(rollout_cfg, policy, tokenizer, device, precision=precision)  # owns its weights
+    return VLLMEngine.from_config(rollout_cfg, policy, tokenizer, device, precision=precision)
 
 
 ENGINES: dict[str, Callable[..., RolloutEngine]] = {"hf": _build_hf, "vllm": _build_vllm}
