@@ -19,7 +19,7 @@ from a3po.identity import register_resolvers
 from a3po.maths.corrections import check_combination, check_correction
 from a3po.maths.objectives import check_objective
 from a3po.maths.proximal import ALGOS
-from a3po.maths.schedules import validate_schedule
+from a3po.maths.schedules import schedule_of, validate_schedule
 
 RUNTIMES = ("lagged", "async")
 LOGGER_MODES = ("offline", "online", "disabled")
@@ -45,7 +45,7 @@ def _is_number(value: Any) -> bool:
 def _validate_axes(cfg: DictConfig) -> None:
     """Each ablation axis's choice and its parameters, read from its spec (a3po.maths.spec),
     and the one combination across axes that has no meaning (a correction beside coupled)."""
-    checks = [lambda: ALGOS.lookup(cfg.algo.name),
+    checks = [lambda: ALGOS.lookup(cfg.algo.name).check(plain(cfg.algo), "algo"),
               lambda: validate_schedule(cfg.schedule.get("name"), plain(cfg.schedule)),
               lambda: check_correction(cfg.correction.get("name"), plain(cfg.correction)),
               lambda: check_objective(cfg.objective.get("name"), plain(cfg.objective)),
@@ -53,7 +53,8 @@ def _validate_axes(cfg: DictConfig) -> None:
     if cfg.train.log_prox_errors:
         for name, params in (cfg.train.get("prox_error_schedules") or {}).items():
             where = f"train.prox_error_schedules.{name}"
-            checks.append(lambda name=name, params=params, where=where: validate_schedule(name, plain(params), where))
+            checks.append(lambda name=name, params=params, where=where:
+                          validate_schedule(schedule_of(name, plain(params)), plain(params), where))
     for check in checks:
         try:
             check()
@@ -64,6 +65,9 @@ def _validate_axes(cfg: DictConfig) -> None:
 def validate_world(cfg: DictConfig, world: int) -> None:
     """Every rank of a distributed run (a3po.distributed) needs at least one sample of every
     minibatch: the smallest of the step's n_minibatches parts must hold `world` samples."""
+    _require(world == 1 or not cfg.train.get("grad_fidelity_every", 0), "train.grad_fidelity_every",
+             cfg.train.get("grad_fidelity_every"), f"0 with a world size of {world} processes (it compares one rank's "
+             "whole gradient; FSDP shards it)")
     train = cfg.train
     n = train.n_prompts * train.n_samples
     smallest = n // train.n_minibatches
@@ -86,6 +90,10 @@ def validate_config(cfg: DictConfig) -> None:
 
     _require(isinstance(cfg.train.log_prox_errors, bool), "train.log_prox_errors", cfg.train.log_prox_errors,
              "it must be true or false")
+    every = cfg.train.get("grad_fidelity_every", 0)
+    _require(_is_int(every) and every >= 0, "train.grad_fidelity_every", every, "it must be an integer >= 0 (0: off)")
+    _require(every == 0 or cfg.train.log_prox_errors, "train.grad_fidelity_every", every,
+             "it needs train.log_prox_errors=true (the recomputed anchor it compares against)")
     _validate_axes(cfg)
     _validate_top(cfg)
     _validate_train(cfg.train)

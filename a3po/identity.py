@@ -5,6 +5,7 @@ resolver (conf/config.yaml's `identity:` key), so it is written once, resolved, 
 config.yaml and the wandb config with the rest of the config:
 
     method:     loglinear                        # algo.name
+    method_params: {every: 4, min_ess: null}     # only for a method whose spec has parameters (hybrid)
     schedule:   {name: exponential, gamma: 0.5}  # null where the method uses none (a3po.maths.proximal)
     correction: {name: icepop, lo: 0.5, hi: 2.0}
     objective:  {name: gspo, eps_clip: 0.0003, eps_clip_higher: 0.0004}
@@ -17,7 +18,7 @@ config.yaml and the wandb config with the rest of the config:
 Each group keeps its parameters as configured (the correction's in its registry's order,
 the runtime's result-neutral ones left out: `RESULT_NEUTRAL_KEYS`, below). `label` is
 `<method>[-<schedule>][-<correction>][-<objective>][-<precision>]`: each part its name and
-numeric parameters (`%g`), the defaults (`inverse`, `none`, `ppo`, `fp32`) left out, the
+numeric parameters (`%g`; a method's only where its spec has some: `hybrid4`), the defaults (`inverse`, `none`, `ppo`, `fp32`) left out, the
 runtime never in it. `run_name` is `<label>-d<staleness>-s<seed>`. The analysis (analysis.identity) reads the record, or
 builds it from an older config.yaml with `identity_record`; nothing reads a name back.
 """
@@ -94,12 +95,12 @@ def as_group(group: Mapping[str, Any] | str | None, default: str) -> dict[str, A
 
 
 def schedule_label(schedule: Mapping[str, Any]) -> str:
-    """`exponential0.5`, `linear_decay8`, `inverse`: the schedule's name and the parameters
-    its spec declares (a3po.maths.schedules), so two sweeps over gamma never share a run
-    directory."""
+    """`exponential0.5`, `linear_decay8`, `inverse`, `rational0.5_0.1_1`: the schedule's name
+    and the parameters its spec declares (a3po.maths.schedules), joined by `_` where there are
+    several, so two sweeps over gamma never share a run directory."""
     name = schedule["name"]
     params = SCHEDULES[name].params if name in SCHEDULES else ()
-    return name + "".join(f"{float(schedule[p]):g}" for p in params if p in schedule)
+    return name + "_".join(f"{float(schedule[p]):g}" for p in params if p in schedule)
 
 
 def group_label(group: Mapping[str, Any], default: str) -> str:
@@ -123,10 +124,23 @@ def join_label(method: str, schedule: str | None, correction: str, objective: st
     return "-".join(p for p in parts if p)
 
 
+def _method_params(algo: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters a method's spec declares (hybrid's `every`, `min_ess`), as configured."""
+    name = algo["name"]
+    return {key: algo.get(key) for key in (ALGOS[name].params if name in ALGOS else ())}
+
+
+def method_label(record: Mapping[str, Any]) -> str:
+    """`loglinear`, `hybrid4`, `hybrid0_0.5`: the method and its set parameters (`%g`, joined by `_`)."""
+    values = [f"{float(v):g}" for v in (record.get("method_params") or {}).values() if v is not None]
+    return record["method"] + "_".join(values)
+
+
 def record_label(record: Mapping[str, Any]) -> str:
-    """The label of a record's method, schedule, correction, objective and precision."""
+    """The label of a record's method (with its parameters), schedule, correction, objective
+    and precision."""
     schedule = record["schedule"]
-    return join_label(record["method"], schedule_label(schedule) if schedule else None,
+    return join_label(method_label(record), schedule_label(schedule) if schedule else None,
                       group_label(record["correction"], DEFAULT_CORRECTION),
                       group_label(record["objective"], DEFAULT_OBJECTIVE), record["precision"])
 
@@ -165,6 +179,7 @@ def identity_record(algo: Mapping[str, Any] | str, schedule: Mapping[str, Any] |
     algo = as_group(algo, "")
     record = {
         "method": algo["name"],
+        **({"method_params": _method_params(algo)} if _method_params(algo) else {}),
         "schedule": as_group(schedule, DEFAULT_SCHEDULE) if uses_schedule(algo) else None,
         "correction": correction_group(correction),
         "objective": as_group(objective, DEFAULT_OBJECTIVE),

@@ -78,8 +78,17 @@ METRICS: tuple[Metric, ...] = (
              "correction/masked_low", "correction/masked_high", "correction/truncated"),
     *_family("trainer", "token_mean", "off-policy diagnostics of w, per micro-batch (a3po.maths.diagnostics)",
              "offpolicy/ess_token", "offpolicy/ess_seq", "offpolicy/chi2_token", "offpolicy/kl_k1", "offpolicy/kl_k3"),
+    Metric("prox_error/<label>/<error>/<stratum>", "trainer", "token_mean",
+           "train.log_prox_errors: logp_abs and clip_flip of each loglinear anchor over the tokens of minibatch k (k<k>) "
+           "and of each entropy tercile of a micro-batch's valid tokens (H1 lowest, H3 highest)"),
+    Metric("grad_fidelity/<label>/<stat>", "trainer", "max",
+           "train.grad_fidelity_every: cosine (cos) and norm ratio (norm_ratio) of the policy gradient with each loglinear "
+           "anchor against the one with the recomputed anchor, on the first micro-batch of a due step's last minibatch"),
     Metric("prox_error/<label>/<error>", "trainer", "token_mean",
            "train.log_prox_errors: abs(approximation - recompute) (logp_abs, iw_abs, bw_abs) and the flip rates of the loss's clip and keep decisions (clip_flip, keep_flip), per schedule (and -linear)"),
+    Metric("hybrid/recomputed", "trainer", "max", "algo=hybrid: 1 on a step trained against recompute's anchor, else 0"),
+    Metric("hybrid/drift_ess", "trainer", "max",
+           "algo=hybrid with min_ess: the token ESS of pi_theta / pi_behave on the step's first micro-batch at its start"),
     Metric("drift/logp_abs/k<k>", "trainer", "token_mean",
            "train.log_prox_errors: mean abs(logp - behave_logp) in minibatch k (analysis.drift fits it against d + k/m)"),
     *_family("trainer", "token_mean", "train.log_prox_errors: mean(delta * (recomputed - behave)) and mean(delta^2), "
@@ -97,7 +106,8 @@ METRICS: tuple[Metric, ...] = (
     *_family("runtime", "step", "async: how the batch was made", "rollout/tokens_per_s", "rollout/admitted_at_version",
              "time/wait_data", "time/wait_capacity"),
     *_family("loop", "step", "seconds of the step's phases (docs/design.md, Timing keys)", "time/step", "time/step_cpu",
-             "time/rollout", "time/prox_logp", "time/prox_reference", "time/train", "time/weight_sync", "time/eval",
+             "time/rollout", "time/prox_logp", "time/prox_reference", "time/fidelity", "time/train", "time/weight_sync",
+             "time/eval",
              "time/checkpoint", "time/warmup"),
     Metric(COLLAPSED, "loop", "step", "1 when the policy has collapsed (a3po.run.health), else 0"),
     Metric(COLLAPSE_STEP, "loop", "step", "while collapsed: the first step of the collapse"),

@@ -21,6 +21,11 @@ def synchronize(device: torch.device | str | None) -> None:
         torch.cuda.synchronize(device)
 
 
+# Phases that only measure (train.log_prox_errors: the reference forward, the fidelity
+# telemetry): timed apart and left out of `time/step` and `time/step_cpu` (a3po.run.loop).
+DIAGNOSTIC_PHASES = ("prox_reference", "fidelity")
+
+
 class PhaseTimer:
     """Accumulates wall-clock seconds per phase name; `pop()` returns and resets them."""
 
@@ -30,16 +35,27 @@ class PhaseTimer:
         self.device = device
         self.always = always
         self._seconds: dict[str, float] = defaultdict(float)
+        self._cpu: dict[str, float] = defaultdict(float)
 
     @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
+    def phase(self, name: str, within: str | None = None) -> Iterator[None]:
+        """Time a phase (wall clock, and this process's CPU seconds for `spent`). `within`: the
+        enclosing phase, whose time this one's is taken out of (a diagnostic inside `train`)."""
         synchronize(self.device)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         try:
             yield
         finally:
             synchronize(self.device)
-            self._seconds[name] += time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            self._seconds[name] += seconds
+            self._cpu[name] += time.process_time() - cpu_start
+            if within is not None:
+                self._seconds[within] -= seconds
+
+    def spent(self, names: tuple[str, ...]) -> tuple[float, float]:
+        """(wall, CPU) seconds the named phases took since the last `pop`."""
+        return sum(self._seconds.get(n, 0.0) for n in names), sum(self._cpu.get(n, 0.0) for n in names)
 
     def add(self, name: str, seconds: float) -> None:
         self._seconds[name] += seconds
@@ -48,6 +64,7 @@ class PhaseTimer:
         out = {f"time/{name}": 0.0 for name in self.always}
         out.update({f"time/{name}": seconds for name, seconds in self._seconds.items()})
         self._seconds.clear()
+        self._cpu.clear()
         return out
 
 

@@ -65,8 +65,9 @@ def test_the_alpha_fit_statistics_give_the_least_squares_alpha():
     reference = behave + 0.75 * (logp - behave)  # the recomputed anchor sits 3/4 of the way
     tokens = {"behave": behave, "mask": torch.ones(4, dtype=torch.bool), "seq_index": torch.arange(4),
               "advantages": torch.ones(4), "versions": torch.full((4,), 2)}
-    out = fidelity_metrics(reference, logp, tokens, 4, 1, 4, schedules={},
-                           objective={"name": "ppo", "eps_clip": 0.2}, correction={"name": "none", "cap": None})
+    groups = fidelity_metrics(reference, logp, torch.zeros(4), tokens, 4, 1, 4, schedules={},
+                              objective={"name": "ppo", "eps_clip": 0.2}, correction={"name": "none", "cap": None})
+    out = groups[0][0]
     alpha = out["alpha_fit/cross/k1"] / out["alpha_fit/delta_sq/k1"]
     assert alpha.item() == pytest.approx(0.75)
     assert out["drift/logp_abs/k1"].item() == pytest.approx((0.4 + 0.2 + 0.8 + 0.1) / 4)
@@ -84,3 +85,149 @@ def test_the_approx_quality_report_tabulates_every_schedule_and_the_drift(tiny_c
         assert f"| `{schedule}` |" in text
     assert "clip flips, d = 1" in text and "Drift: mean |logp - behave_logp| = " in text
     assert (tmp_path / "docs" / "figs" / "approx_error.png").exists()
+
+
+PPO, NONE = {"name": "ppo", "eps_clip": 0.2}, {"name": "none", "cap": None}
+
+
+def test_the_strata_are_means_over_their_own_tokens_weighted_by_their_counts():
+    """By hand on 7 tokens (one invalid): the k stratum is the whole micro-batch; the entropy
+    terciles split the 6 valid tokens 2-2-2 and each is the mean |error| over its own two,
+    weighted by 2 for the step's token mean."""
+    import torch
+
+    from a3po.learner.fidelity import fidelity_metrics
+    from a3po.maths.diagnostics import entropy_terciles
+
+    behave = torch.tensor([-1.0, -2.0, -0.5, -3.0, -1.5, -0.7, -9.0])
+    logp = behave + torch.tensor([0.4, -0.2, 0.8, 0.1, 0.3, -0.6, 5.0])
+    reference = behave.clone()  # the recomputed anchor is the behaviour policy: |error| = |alpha * delta|
+    entropy = torch.tensor([0.1, 0.9, 0.5, 0.2, 0.8, 0.4, 0.0])
+    valid = torch.tensor([True] * 6 + [False])
+    tokens = {"behave": behave, "mask": valid, "seq_index": torch.zeros(7, dtype=torch.long),
+              "advantages": torch.ones(7), "versions": torch.full((7,), 3)}
+    groups = fidelity_metrics(reference, logp, entropy, tokens, 4, 1, 2, schedules={"target": {}},
+                              objective=PPO, correction=NONE)
+    by_name = {name: (float(value), float(weight)) for values, weight in groups for name, value in values.items()}
+    error = (logp - behave).abs()  # target's anchor is logp itself
+    assert by_name["prox_error/target/logp_abs"][0] == pytest.approx(float(error[:6].mean()))
+    assert by_name["prox_error/target/logp_abs/k1"] == pytest.approx((float(error[:6].mean()), 6.0))
+    terciles = entropy_terciles(entropy, valid)
+    assert [terciles[h].nonzero().flatten().tolist() for h in ("H1", "H2", "H3")] == [[0, 3], [2, 5], [1, 4]]
+    for h, members in (("H1", [0, 3]), ("H2", [2, 5]), ("H3", [1, 4])):
+        assert by_name[f"prox_error/target/logp_abs/{h}"] == pytest.approx((float(error[members].mean()), 2.0))
+    assert "prox_error/target-linear/logp_abs/k1" not in by_name  # strata for the loglinear anchors only
+    empty = entropy_terciles(entropy, torch.zeros(7, dtype=torch.bool))
+    assert all(int(m.sum()) == 0 for m in empty.values())
+
+
+def test_gradient_agreement_is_exact_for_equal_anchors_and_counts_the_difference():
+    import torch
+
+    from a3po.learner.fidelity import gradient_agreement
+
+    w = torch.nn.Parameter(torch.tensor([1.0, -2.0, 0.5]))
+    x = torch.tensor([[1.0, 0.0, 2.0], [0.5, 1.0, -1.0]])
+
+    def loss_of(anchor):  # a loss whose gradient in w is linear in the anchor
+        return ((x @ w) * anchor).sum()
+
+    reference = torch.tensor([1.0, 2.0])
+    out = gradient_agreement(loss_of, [w], reference, {"same": reference.clone(), "double": 2 * reference,
+                                                       "other": torch.tensor([1.0, -3.0])})
+    assert out["grad_fidelity/same/cos"].item() == pytest.approx(1.0)
+    assert out["grad_fidelity/same/norm_ratio"].item() == pytest.approx(1.0)
+    assert out["grad_fidelity/double/cos"].item() == pytest.approx(1.0)
+    assert out["grad_fidelity/double/norm_ratio"].item() == pytest.approx(2.0)
+    g_ref, g_other = x.T @ reference, x.T @ torch.tensor([1.0, -3.0])
+    assert out["grad_fidelity/other/cos"].item() == pytest.approx(
+        float(g_ref @ g_other / (g_ref.norm() * g_other.norm())), rel=1e-6)
+    assert w.grad is None  # nothing accumulated
+
+
+def _even_token_share(self, problems, groups) -> int:
+    """A reward the random tiny model earns (tests/test_distributed.py): the gradients are not 0."""
+    for group in groups:
+        for sample in group:
+            sample.reward = float((sample.response_ids % 2 == 0).float().mean())
+    return 0
+
+
+def test_a_run_logs_strata_and_gradient_fidelity_on_due_steps_outside_time_step(tiny_cfg, monkeypatch):
+    import a3po.rollout.producer
+
+    monkeypatch.setattr(a3po.rollout.producer.RolloutProducer, "score", _even_token_share)
+    cfg = tiny_cfg("algo=loglinear", "staleness=2", "train.total_steps=4", "train.log_prox_errors=true",
+                   "train.grad_fidelity_every=2", "train.n_minibatches=2", "train.lr=1e-3",
+                   "+train.prox_error_schedules.fitted={name: rational, gamma: 0.5, c: 0.25, b: 2.0}")
+    run(cfg)
+    records = read_metrics(run_dir_of(cfg) / "metrics.jsonl")
+    for r in records:
+        assert {"prox_error/inverse/logp_abs/k0", "prox_error/inverse/logp_abs/k1", "prox_error/step_start/clip_flip/H3",
+                "prox_error/fitted/logp_abs", "prox_error/fitted/logp_abs/H1"} <= set(r)
+        assert "prox_error/inverse/iw_abs/k0" not in r and r["time/fidelity"] > 0
+        due = r["step"] % 2 == 0
+        assert ("grad_fidelity/inverse/cos" in r) is due and ("grad_fidelity/fitted/norm_ratio" in r) is due
+    # step 0 (d = 0): every schedule gives alpha = 0, the behaviour policy, which is the step-start
+    # policy recompute anchors on: the same anchor, the same gradient
+    for schedule in ("inverse", "behave", "step_start", "fitted"):
+        assert records[0][f"grad_fidelity/{schedule}/cos"] == pytest.approx(1.0, abs=1e-5)
+        assert records[0][f"grad_fidelity/{schedule}/norm_ratio"] == pytest.approx(1.0, abs=1e-4)
+    step2 = records[2]  # d = 2: the anchors differ from recompute's, and so do the gradients
+    assert all(-1.0 - 1e-6 <= step2[f"grad_fidelity/{s}/cos"] <= 1.0 + 1e-6 for s in ("inverse", "behave", "fitted"))
+    assert step2["grad_fidelity/behave/cos"] < 1.0 - 1e-6
+
+
+def test_grad_fidelity_every_needs_log_prox_errors(tiny_cfg):
+    from a3po.config import validate_config
+    from a3po.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="train.grad_fidelity_every=2 is not allowed; it needs train.log_prox_errors"):
+        validate_config(tiny_cfg("train.grad_fidelity_every=2"))
+    with pytest.raises(ConfigError, match="train.grad_fidelity_every=-1 is not allowed"):
+        validate_config(tiny_cfg("train.log_prox_errors=true", "train.grad_fidelity_every=-1"))
+
+
+def test_the_schedule_fit_recovers_a_rational_schedule_from_its_cells():
+    import numpy as np
+    import pandas as pd
+
+    from analysis.fit_schedule import excess_table, fit_rational
+
+    d, k = np.repeat([1.0, 2.0, 4.0, 8.0], 4), np.tile([0, 1, 2, 3], 4)
+    p = k / 4
+    alpha = d**0.6 / (d**0.6 + 0.3 + 1.5 * p)
+    cells = pd.DataFrame({"d": d, "k": k, "m": 4, "C": 2.0 * alpha, "D": 2.0, "alpha_star": alpha, "n": 5})
+    fit = fit_rational(cells)
+    assert (fit.gamma, fit.c, fit.b) == pytest.approx((0.6, 0.3, 1.5), rel=1e-3)
+    table = excess_table(cells, {"fitted": ("rational", fit.params()), "inverse": ("inverse", {})})
+    assert table["fitted"].max() < 1e-3 < table["inverse"].min()
+    with pytest.raises(ValueError, match="3 \\(d, k/m\\) cells at least"):
+        fit_rational(cells.head(2))
+
+
+def test_fit_schedule_reads_a_run_and_writes_a_schedule_that_trains(tiny_cfg, tmp_path, monkeypatch):
+    import a3po.rollout.producer
+    from omegaconf import OmegaConf
+
+    from a3po.maths.schedules import validate_schedule
+    from analysis.fit_schedule import alpha_cells, main
+    from analysis.load import load_runs
+
+    monkeypatch.setattr(a3po.rollout.producer.RolloutProducer, "score", _even_token_share)
+    cfg = tiny_cfg("algo=recompute", "staleness=2", "train.total_steps=4", "train.log_prox_errors=true",
+                   "train.n_minibatches=2", "train.lr=1e-3")
+    run(cfg)
+    cells = alpha_cells(load_runs(run_dir_of(cfg)))
+    assert sorted(zip(cells["d"], cells["k"])) == [(1.0, 0), (1.0, 1), (2.0, 0), (2.0, 1)]  # step 1 at d = 1
+    assert cells.loc[cells["k"] == 0, "alpha_star"].to_numpy() == pytest.approx(1.0, abs=1e-4)  # k = 0: current
+    out, report = tmp_path / "conf" / "schedule" / "fitted.yaml", tmp_path / "fit.md"
+    assert main([str(run_dir_of(cfg)), "--out", str(out), "--report", str(report)]) == 0
+    schedule = OmegaConf.to_container(OmegaConf.load(out))
+    assert schedule["name"] == "rational" and set(schedule) == {"name", "gamma", "c", "b"}
+    validate_schedule("rational", schedule)
+    assert "`fitted` excess" in report.read_text() and "# Fitted by `python -m analysis.fit_schedule" in out.read_text()
+    trained = tiny_cfg("algo=loglinear", "staleness=2", "train.total_steps=2", "schedule=rational",
+                       *(f"schedule.{key}={schedule[key]}" for key in ("gamma", "c", "b")))
+    run(trained)
+    assert len(read_metrics(run_dir_of(trained) / "metrics.jsonl")) == 2

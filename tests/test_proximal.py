@@ -19,6 +19,7 @@ SCHEDULE_PARAMS = {
     "behave": {},
     "target": {},
     "step_start": {},
+    "rational": {"gamma": 0.5, "c": 1.0, "b": 2.0},
 }
 
 
@@ -79,6 +80,19 @@ def test_hand_computed_target_weights_every_schedule():
     for name, weights in expected_behave_weight.items():
         got = 1.0 - target_weight(versions, current, name, **SCHEDULE_PARAMS[name])
         torch.testing.assert_close(got, torch.tensor(weights, dtype=torch.float32), msg=name)
+
+
+def test_hand_computed_rational_and_the_schedules_it_nests():
+    """w_b = (c + b k/m) / (d^gamma + c + b k/m): at k/m = 1/2 with gamma 1/2, c 1, b 2 the lag is
+    2, so w_b = 2 / (sqrt(d) + 2); gamma 1, c 0, b 1 is step_start at every position."""
+    versions = torch.tensor([4, 3, 2, 0])  # d = 0, 1, 2, 4
+    got = 1.0 - target_weight(versions, 4, "rational", position=0.5, **SCHEDULE_PARAMS["rational"])
+    torch.testing.assert_close(got, torch.tensor([1, 2 / 3, 2 / (math.sqrt(2) + 2), 0.5]))
+    for position in (0.0, 0.25, 0.75):
+        torch.testing.assert_close(target_weight(versions, 4, "rational", position=position),
+                                   target_weight(versions, 4, "step_start", position=position))
+    w_b = 1.0 - target_weight(versions, 4, "rational", position=0.5, gamma=1.0, c=1.0, b=0.0)
+    torch.testing.assert_close(w_b, torch.tensor([1, 1 / 2, 1 / 3, 1 / 5]))  # 1 / (d + 1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
@@ -187,7 +201,7 @@ def test_approximation_errors_zero_when_exact_and_hand_value():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(method="cubic"), r"algo.name='cubic'.*allowed: \['coupled', 'linear', 'loglinear', 'recompute'\]"),
+        (dict(method="cubic"), r"algo.name='cubic'.*allowed: \['coupled', 'hybrid', 'linear', 'loglinear', 'recompute'\]"),
         (dict(method="recompute"), r"method='recompute' is not an approximation; allowed: \['loglinear', 'linear'\]"),
         (dict(schedule="nope"), r"schedule='nope'.*allowed: \['behave'"),
         (dict(schedule="exponential", gamma=0.0), r"schedule.gamma=0 .*\(0, 1\]"),

@@ -17,7 +17,8 @@ from a3po.batch import RolloutBatch, Sample
 from a3po.cfg_access import plain
 from a3po.device import autocast, autocast_dtype
 from a3po.learner.batching import pack_micro_batches, split_minibatches
-from a3po.learner.fidelity import fidelity_metrics
+from a3po.learner.fidelity import record_fidelity
+from a3po.learner.hybrid import step_recomputes
 from a3po.learner.step_metrics import StepMetrics
 from a3po.learner.update import all_finite, check_update, make_optimizer
 from a3po.maths.advantages import grpo_advantages
@@ -47,9 +48,11 @@ class Trainer:
         self.objective = dict(plain(cfg.objective))
         self.schedule = cfg.schedule.name
         self.schedule_params = validate_schedule(self.schedule, plain(cfg.schedule))
+        self.algo_params = self.algo.check(plain(cfg.algo), "algo")
         self.train = cfg.train
         self.error_schedules = ({name: dict(plain(params or {})) for name, params in (cfg.train.get("prox_error_schedules") or {}).items()}
                                 if cfg.train.get("log_prox_errors", False) else {})
+        self.grad_fidelity_every = int(cfg.train.get("grad_fidelity_every") or 0) if self.error_schedules else 0
         self.temperature = float(cfg.rollout.temperature)
         self.pad_id = pad_id
         self.device = device
@@ -195,8 +198,9 @@ class Trainer:
         samples = batch.samples
         advantages = self.advantages(batch)
         plans = self.plan(samples, generator)
-        recomputed = self._recomputed_prox(samples, plans)
         metrics = StepMetrics()
+        recompute = step_recomputes(self, samples, plans, version, metrics)
+        recomputed = self._recomputed_prox(samples, plans, recompute)
         approximation_time = DeviceSpans(self.device)
 
         self.policy.train()
@@ -212,7 +216,10 @@ class Trainer:
                         continue
                     tokens = self._micro_batch_tensors([samples[i] for i in micro], advantages[micro])
                     logp, entropy = self.response_logp([samples[i] for i in micro])
-                    if self.algo.anchor == "recompute":
+                    if self.error_schedules:
+                        record_fidelity(self, metrics, torch.cat([recomputed[i] for i in micro]), logp, entropy,
+                                        tokens, version, index, len(plans), first=micro is next(m for m in plan if m))
+                    if recompute:
                         prox = torch.cat([recomputed[i] for i in micro])
                     else:
                         with approximation_time.span():
@@ -224,18 +231,13 @@ class Trainer:
                     (loss * weight).backward()
                     minibatch_loss = minibatch_loss + loss.detach() * weight
                     metrics.add({**stats, "actor/entropy": entropy.mean()}, n_tokens=logp.numel())
-                    if self.error_schedules:
-                        reference = torch.cat([recomputed[i] for i in micro])
-                        metrics.add(fidelity_metrics(reference, logp, tokens, version, index, len(plans),
-                                                     schedules=self.error_schedules, objective=self.objective,
-                                                     correction=self.correction), n_tokens=logp.numel())
                 grad_norm = local_value(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.train.grad_clip))
                 # one host sync per minibatch, before the update: nothing non-finite reaches the weights
                 self.check_update(finite_flags, minibatch_loss, grad_norm, version, index, len(plans))
                 self.optimizer.step()
                 metrics.add({"actor/grad_norm": grad_norm, "actor/loss": minibatch_loss})
         self.optimizer.zero_grad(set_to_none=True)
-        if self.algo.anchor != "recompute":
+        if not recompute:
             self.timer.add("prox_logp", approximation_time.seconds())
         return metrics.result(across_ranks=self.dist.world > 1)
 
@@ -244,10 +246,10 @@ class Trainer:
         """`a3po.learner.update.check_update` over this trainer's ranks."""
         check_update(prox_flags, loss, grad_norm, version, minibatch, n_minibatches, self.dist)
 
-    def _recomputed_prox(self, samples: list[Sample], plans) -> dict[int, torch.Tensor]:
-        """The recompute forward when the method needs it (timed as `prox_logp`), or when
-        approximation errors are logged against it (timed apart, as `prox_reference`)."""
-        if self.algo.anchor == "recompute":
+    def _recomputed_prox(self, samples: list[Sample], plans, recompute: bool) -> dict[int, torch.Tensor]:
+        """The recompute forward when this step trains against it (timed as `prox_logp`), or
+        when approximation errors are logged against it (timed apart, as `prox_reference`)."""
+        if recompute:
             with self.timer.phase("prox_logp"):
                 return self.recompute_prox_logp(samples, plans)
         if self.error_schedules:

@@ -20,7 +20,7 @@ import torch
 from a3po.maths.corrections import per_sequence_mean
 from a3po.maths.masked import check_same_shape
 
-__all__ = ["ess", "offpolicy_metrics", "LOG_RATIO_BOUND"]
+__all__ = ["entropy_terciles", "ess", "offpolicy_metrics", "LOG_RATIO_BOUND"]
 
 # exp(40) ~ 2e17 squares into float32 without overflow. verl clamps log-ratios to +-20 the same
 # way (verl's SAFETY_BOUND; docs/design.md, "Sources") so a metric is never inf.
@@ -100,3 +100,19 @@ def offpolicy_metrics(behave_logp: torch.Tensor, prox_logp: torch.Tensor, logp: 
         "offpolicy/kl_k1": _masked_mean(-log_r, valid),
         "offpolicy/kl_k3": _masked_mean(torch.expm1(bounded_r) - bounded_r, valid),
     }
+
+
+def entropy_terciles(entropy: torch.Tensor, valid: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Bool masks `H1`, `H2`, `H3`: the valid tokens in the lowest, middle and highest third
+    by entropy (cut at the valid tokens' 1/3 and 2/3 quantiles; ties go to the lower third).
+    Every mask is False off `valid`, and all three are when no token is valid. Unlike the rest
+    of this module it reads the quantiles on the host (a diagnostic of train.log_prox_errors)."""
+    check_same_shape(entropy=entropy, valid=valid)
+    valid = valid.bool()
+    if not bool(valid.any()):
+        return {name: torch.zeros_like(valid) for name in ("H1", "H2", "H3")}
+    low, high = torch.quantile(entropy.detach()[valid].float(),
+                               torch.tensor([1 / 3, 2 / 3], device=entropy.device)).tolist()
+    entropy = entropy.detach()
+    return {"H1": valid & (entropy <= low), "H2": valid & (entropy > low) & (entropy <= high),
+            "H3": valid & (entropy > high)}

@@ -28,9 +28,9 @@ from typing import Callable, Mapping
 
 import torch
 
-from a3po.maths.schedules import target_weight
+from a3po.maths.schedules import schedule_of, target_weight
 from a3po.maths.masked import check_same_shape
-from a3po.maths.spec import Registry, Spec
+from a3po.maths.spec import Param, Registry, Spec
 
 __all__ = [
     "ALGOS",
@@ -38,6 +38,7 @@ __all__ = [
     "approximations",
     "approximate_prox_logp",
     "approximation_errors",
+    "recomputes_at",
     "staleness_stats",
 ]
 
@@ -64,15 +65,25 @@ def linear(behave_logp: torch.Tensor, target_logp: torch.Tensor, alpha: torch.Te
 class Method(Spec):
     """A proximal method (`algo=`). `anchor`: how its proximal log-probs are obtained:
     `behave` (the behaviour policy: coupled PPO, the behaviour weight is exactly 1),
-    `recompute` (a no-grad forward of the step-start weights: the pass A-3PO removes) or
+    `recompute` (a no-grad forward of the step-start weights: the pass A-3PO removes),
     `approximate` (`fn`, an interpolation between behaviour and current log-probs weighted
-    by the alpha schedule)."""
+    by the alpha schedule) or `hybrid` (`fn` on most steps, recompute's forward on the steps
+    `recomputes_at` picks)."""
 
     anchor: str = "approximate"
 
     @property
     def uses_schedule(self) -> bool:
-        return self.anchor == "approximate"
+        return self.anchor in ("approximate", "hybrid")
+
+
+def recomputes_at(step: int, every: int, min_ess: float | None, drift_ess: Callable[[], float]) -> bool:
+    """Whether `algo=hybrid` runs recompute's forward at `step`: every `every`-th step (0: none
+    by count), or when `min_ess` is set and the token ESS of pi_theta / pi_behave at the step's
+    start, measured on one micro-batch (`drift_ess`, called only then), is below it."""
+    if every and step % every == 0:
+        return True
+    return min_ess is not None and drift_ess() < min_ess
 
 
 ALGOS = Registry("algo.name", (
@@ -80,12 +91,17 @@ ALGOS = Registry("algo.name", (
     Method("recompute", None, "decoupled PPO with the proximal forward pass", anchor="recompute"),
     Method("loglinear", loglinear, "A-3PO: interpolation in log-prob space"),
     Method("linear", linear, "A-3PO variant: interpolation in probability space"),
+    Method("hybrid", loglinear, "loglinear, with the recompute forward every `every` steps or when the drift's ESS "
+           "falls below `min_ess`", anchor="hybrid",
+           params={"every": Param(4, lambda v: v >= 0 and float(v).is_integer(), "an integer >= 0 (0: never by count)"),
+                   "min_ess": Param(None, lambda v: 0.0 < v <= 1.0, "in (0, 1]", nullable=True,
+                                    none_means="no ESS trigger")}),
 ))
 
 
 def approximations() -> tuple[str, ...]:
-    """The methods that approximate the proximal policy (those an alpha schedule applies to)."""
-    return tuple(name for name, method in ALGOS.items() if method.uses_schedule)
+    """The interpolations themselves (those `train.log_prox_errors` evaluates every schedule with)."""
+    return tuple(name for name, method in ALGOS.items() if method.anchor == "approximate")
 
 
 def _check_finite(name: str, value: torch.Tensor) -> None:
@@ -163,6 +179,8 @@ def approximation_errors(
     methods: tuple[str, ...] | None = None,
     position: float = 0.0,
     decisions: Callable[[torch.Tensor], Mapping[str, torch.Tensor]] | None = None,
+    strata: Mapping[str, torch.Tensor] | None = None,
+    stratified: tuple[str, ...] = (),
 ) -> dict[str, torch.Tensor]:
     """How far is each approximation from the recomputed proximal policy?
 
@@ -173,28 +191,44 @@ def approximation_errors(
     (an anchor -> per-token bool decisions, e.g. a3po.maths.loss.token_decisions: clipped,
     kept), the fraction of valid tokens whose decision differs between the two anchors
     (`<decision>_flip`). Keys are `prox_error/<schedule>/...` for loglinear and
-    `prox_error/<schedule>-linear/...` for linear.
+    `prox_error/<schedule>-linear/...` for linear. A schedule's params may name the schedule
+    function it uses (`{name: rational, gamma: ...}` under the label `fitted`: `schedule_of`).
+    `strata` (name -> a bool mask) with `stratified` (error names): those errors of the
+    loglinear anchors also as means over the valid tokens of each stratum,
+    `prox_error/<schedule>/<error>/<stratum>`.
     """
     check_same_shape(prox_logp_true=prox_logp_true, behave_logp=behave_logp, target_logp=target_logp,
                       versions=versions, loss_mask=loss_mask)
     mask = loss_mask.bool()
-    count = mask.sum().clamp(min=1)
     target_logp, prox_logp_true = target_logp.detach(), prox_logp_true.detach()
     true_decisions = decisions(prox_logp_true) if decisions is not None else {}
     out: dict[str, torch.Tensor] = {}
     for schedule, params in schedules.items():
+        params = {key: value for key, value in params.items() if key != "name"}
         for method in methods or approximations():
             approx = approximate_prox_logp(
-                behave_logp, target_logp, versions, current_version,
-                method=method, schedule=schedule, position=position, check_finite=False, **dict(params),
+                behave_logp, target_logp, versions, current_version, method=method,
+                schedule=schedule_of(schedule, schedules[schedule]), position=position, check_finite=False, **params,
             )
             label = schedule if method == "loglinear" else f"{schedule}-{method}"
             errors = _errors(approx, prox_logp_true, behave_logp, target_logp)
             if decisions is not None:
                 errors.update({f"{name}_flip": (made != true_decisions[name]).float()
                                for name, made in decisions(approx).items()})
-            for name, err in errors.items():
-                out[f"prox_error/{label}/{name}"] = torch.where(mask, err, 0.0).sum() / count
+            out.update(_means(f"prox_error/{label}", errors, mask,
+                              strata if method == "loglinear" else None, stratified))
+    return out
+
+
+def _means(prefix: str, errors: Mapping[str, torch.Tensor], mask: torch.Tensor,
+           strata: Mapping[str, torch.Tensor] | None, stratified: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """Each per-token error's mean over the valid tokens, and the stratified ones' over each stratum's."""
+    out = {}
+    for name, err in errors.items():
+        out[f"{prefix}/{name}"] = torch.where(mask, err, 0.0).sum() / mask.sum().clamp(min=1)
+        for stratum, members in (strata or {}).items() if name in stratified else ():
+            inside = mask & members.bool()
+            out[f"{prefix}/{name}/{stratum}"] = torch.where(inside, err, 0.0).sum() / inside.sum().clamp(min=1)
     return out
 
 

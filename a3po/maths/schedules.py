@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from a3po.maths.spec import Param, Registry, Spec
 
-__all__ = ["SCHEDULES", "ScheduleSpec", "target_weight", "validate_schedule"]
+__all__ = ["SCHEDULES", "ScheduleSpec", "schedule_of", "target_weight", "validate_schedule"]
 
 
 def inverse(staleness: torch.Tensor) -> torch.Tensor:
@@ -67,6 +67,14 @@ def step_start(staleness: torch.Tensor, position: float) -> torch.Tensor:
     return staleness / (staleness + position)
 
 
+def rational(staleness: torch.Tensor, position: float, gamma: float, c: float, b: float) -> torch.Tensor:
+    # w_b = (c + b k/m) / (d^gamma + c + b k/m): the family `python -m analysis.fit_schedule`
+    # fits to the logged errors. gamma = 1, c = 0, b = 1 is step_start; gamma = 1, c = 1, b = 0
+    # is w_b = 1/(d + 1).
+    power = torch.pow(staleness, gamma)
+    return power / (power + (c + b * position))
+
+
 @dataclass(frozen=True)
 class ScheduleSpec(Spec):
     """An alpha schedule; `uses_position`: its function also takes `position` = k/m."""
@@ -87,7 +95,18 @@ SCHEDULES = Registry("schedule", (
     ScheduleSpec("target", target, "w_b = 0: the detached current policy"),
     ScheduleSpec("step_start", step_start, "the step-start weights under linear drift: alpha = d / (d + k/m)",
                  uses_position=True),
+    ScheduleSpec("rational", rational, "w_b = (c + b k/m) / (d^gamma + c + b k/m): fitted by analysis.fit_schedule",
+                 {"gamma": Param(1.0, lambda v: 0.0 < v <= 8.0, "in (0, 8]"),
+                  "c": Param(0.0, lambda v: 0.0 <= v <= 1e3, "in [0, 1000]"),
+                  "b": Param(1.0, lambda v: 0.0 <= v <= 1e3, "in [0, 1000]")},
+                 uses_position=True),
 ))
+
+
+def schedule_of(label: str, params: Mapping[str, object] | None) -> str:
+    """The schedule function a logged schedule uses: its params' `name` where given (a label
+    such as `fitted` for `{name: rational, gamma: ...}`), else the label itself."""
+    return str((params or {}).get("name") or label)
 
 
 def validate_schedule(schedule: str, schedule_params: Mapping[str, float] | None, where: str = "schedule"

@@ -21,6 +21,7 @@ from a3po.run.parts import RunParts
 from a3po.run.preemption import GracefulStop
 from a3po.run.resume import finish, save_resume_state
 from a3po.seeds import Stream, stream_seed
+from a3po.timer import DIAGNOSTIC_PHASES
 from a3po.metrics import COLLAPSE_STEP, COLLAPSED, DIVERGED
 
 __all__ = ["train_step", "train_loop"]
@@ -31,7 +32,8 @@ log = logging.getLogger(__name__)
 def train_step(parts: RunParts, step: int) -> dict[str, Any]:
     """One step: batch -> trainer -> weight sync, then eval if due. `time/step` and
     `time/step_cpu` (this process's CPU seconds, every thread) cover the training phases only,
-    not eval or the checkpoint: on a shared machine the CPU figure is the one that survives.
+    not eval, the checkpoint or the diagnostic phases (a3po.timer.DIAGNOSTIC_PHASES): on a
+    shared machine the CPU figure is the one that survives.
     Distributed: rank 0's runtime makes the batch and every rank gets it; the figures are rank 0's."""
     cfg, dist, timer = parts.cfg, parts.dist, parts.timer
     wall_start, cpu_start = time.perf_counter(), time.process_time()
@@ -40,8 +42,9 @@ def train_step(parts: RunParts, step: int) -> dict[str, Any]:
     metrics = {**parts.trainer.step(batch, version=step, generator=generator), **metrics}
     with timer.phase("weight_sync"):
         parts.sync(step + 1)
-    metrics["time/step"] = time.perf_counter() - wall_start
-    metrics["time/step_cpu"] = time.process_time() - cpu_start
+    diagnostic_wall, diagnostic_cpu = timer.spent(DIAGNOSTIC_PHASES)
+    metrics["time/step"] = time.perf_counter() - wall_start - diagnostic_wall
+    metrics["time/step_cpu"] = time.process_time() - cpu_start - diagnostic_cpu
     total_steps, every = cfg.train.total_steps, cfg.train.eval_every
     if dist.is_main and every and ((step + 1) % every == 0 or step + 1 == total_steps):
         with timer.phase("eval"):
