@@ -172,7 +172,7 @@ APPROX_KINDS = [("logp_abs", "|approx - recomputed| prox logp\n(mean over steps)
 
 
 def _approximation(schedule: str) -> tuple[str, str]:
-    """Metrics mode logs `inverse`, `exponential`, ... (log-space interpolation) and
+    """train.log_prox_errors logs `inverse`, `exponential`, ... (log-space interpolation) and
     `<schedule>-linear` (probability space): the (algo, schedule name) of the training runs
     that use them, whose labels and colours they are drawn with."""
     if schedule.endswith("-linear"):

@@ -73,17 +73,26 @@ def test_the_alpha_fit_statistics_give_the_least_squares_alpha():
     assert out["drift/logp_abs/k1"].item() == pytest.approx((0.4 + 0.2 + 0.8 + 0.1) / 4)
 
 
-def test_the_approx_quality_report_tabulates_every_schedule_and_the_drift(tiny_cfg, tmp_path):
+def test_the_approx_quality_report_tabulates_every_schedule_and_the_drift(tiny_cfg, tmp_path, monkeypatch):
+    import a3po.rollout.producer
     from analysis.approx_quality import main
 
-    cfg = tiny_cfg("algo=recompute", "staleness=1", "train.total_steps=3", "train.log_prox_errors=true")
+    monkeypatch.setattr(a3po.rollout.producer.RolloutProducer, "score", _even_token_share)
+    common = ("staleness=1", "train.total_steps=3", "train.log_prox_errors=true", "train.n_minibatches=2")
+    cfg = tiny_cfg("algo=recompute", "train.grad_fidelity_every=1", *common)
     run(cfg)
+    hybrid = tiny_cfg("algo=hybrid", "algo.every=2", *common)
+    run(hybrid)
     out = tmp_path / "docs" / "approx_quality.md"
     assert main([str(run_dir_of(cfg).parent), "--out", str(out), "--figures-dir", str(tmp_path / "docs" / "figs")]) == 0
     text = out.read_text()
     for schedule in ("inverse", "step_start", "target", "behave-linear"):
         assert f"| `{schedule}` |" in text
     assert "clip flips, d = 1" in text and "Drift: mean |logp - behave_logp| = " in text
+    assert "by minibatch k and by entropy tercile (H1 lowest), d = 1" in text and "| schedule | k0 | k1 | H1 | H2 | H3 |" in text
+    assert "| schedule | cos, d = 1 | norm_ratio, d = 1 |" in text
+    # hybrid at every=2 over steps 1, 2 (>= d): recomputed at step 2 only
+    assert "`hybrid2-d1-s0` (algo=hybrid, d = 1): recomputed on 50% of its steps >= d" in text
     assert (tmp_path / "docs" / "figs" / "approx_error.png").exists()
 
 
