@@ -7,7 +7,6 @@ with the key, the value and what is allowed, not twenty minutes later in a trace
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from omegaconf import DictConfig
@@ -20,9 +19,11 @@ from a3po.maths.corrections import check_combination, check_correction
 from a3po.maths.objectives import check_objective
 from a3po.maths.proximal import ALGOS
 from a3po.maths.schedules import schedule_of, validate_schedule
+from a3po.schema import (AsyncRuntime, LaggedRuntime, LoggerConfig, RolloutConfig, TrainConfig, VLLMRolloutConfig,
+                         check_group, field_names)
 
-RUNTIMES = ("lagged", "async")
-LOGGER_MODES = ("offline", "online", "disabled")
+RUNTIMES = {"lagged": LaggedRuntime, "async": AsyncRuntime}
+ROLLOUT_SCHEMAS = {"hf": RolloutConfig, "vllm": VLLMRolloutConfig}
 # A run directory that holds another config's run: stop (error) or start it afresh (restart).
 ON_CONFIG_CHANGE = ("error", "restart")
 
@@ -84,16 +85,13 @@ def validate_world(cfg: DictConfig, world: int) -> None:
 
 
 def validate_config(cfg: DictConfig) -> None:
-    """Every check that needs no model, tokenizer or data, group by group. Raises ConfigError."""
+    """Every check that needs no model, tokenizer or data: each fixed group against its typed
+    schema (a3po.schema), the ablation axes against their specs, then the rules that cross
+    keys or groups. Raises ConfigError."""
     from a3po.models import validate_model_cfg
     from a3po.tasks import validate_task_cfg
 
-    _require(isinstance(cfg.train.log_prox_errors, bool), "train.log_prox_errors", cfg.train.log_prox_errors,
-             "it must be true or false")
-    every = cfg.train.get("grad_fidelity_every", 0)
-    _require(_is_int(every) and every >= 0, "train.grad_fidelity_every", every, "it must be an integer >= 0 (0: off)")
-    _require(every == 0 or cfg.train.log_prox_errors, "train.grad_fidelity_every", every,
-             "it needs train.log_prox_errors=true (the recomputed anchor it compares against)")
+    check_group(plain(cfg.train), TrainConfig, "train")
     _validate_axes(cfg)
     _validate_top(cfg)
     _validate_train(cfg.train)
@@ -115,42 +113,19 @@ def _validate_top(cfg: DictConfig) -> None:
 
 
 def _validate_train(train: DictConfig) -> None:
-    for key in ("total_steps", "n_prompts", "n_samples", "n_minibatches", "token_budget"):
-        _require(_is_int(train[key]) and train[key] >= 1, f"train.{key}", train[key], "it must be an integer >= 1")
+    """What crosses train's keys (each key on its own: TrainConfig)."""
     _require(train.n_prompts * train.n_samples >= train.n_minibatches, "train.n_minibatches", train.n_minibatches,
              f"it must be <= train.n_prompts * train.n_samples = {train.n_prompts * train.n_samples}")
-    _require(_is_number(train.lr) and train.lr > 0, "train.lr", train.lr, "it must be > 0")
-    _require(_is_number(train.grad_clip) and train.grad_clip > 0, "train.grad_clip", train.grad_clip, "it must be > 0")
-    for key in ("eval_every", "checkpoint_every"):
-        _require(_is_int(train[key]) and train[key] >= 0, f"train.{key}", train[key], "it must be an integer >= 0 (0 disables)")
-    _require(_is_number(train.adv_eps) and train.adv_eps > 0, "train.adv_eps", train.adv_eps, "it must be > 0")
-    collapse_entropy, collapse_grad_norm, collapse_steps = (train.get(key) for key in (
-        "collapse_entropy", "collapse_grad_norm", "collapse_steps"))
-    _require(collapse_entropy is None or (_is_number(collapse_entropy) and collapse_entropy >= 0),
-             "train.collapse_entropy", collapse_entropy,
-             "it must be a number >= 0 (nats per token; 0 never flags a collapse), or null for 1e-3")
-    _require(collapse_grad_norm is None or (_is_number(collapse_grad_norm) and collapse_grad_norm >= 0),
-             "train.collapse_grad_norm", collapse_grad_norm,
-             "it must be a number >= 0 (0: a gradient norm of exactly zero), or null for 0")
-    _require(collapse_steps is None or (_is_int(collapse_steps) and collapse_steps >= 1), "train.collapse_steps",
-             collapse_steps, "it must be an integer >= 1 (consecutive steps), or null for 3")
-    for key in ("adv_norm_std", "adv_std_unbiased", "adv_batch_norm", "keep_checkpoint", "save_final_model", "warmup"):
-        _require(isinstance(train[key], bool), f"train.{key}", train[key], "it must be true or false")
-    _require(train.max_steps_this_run is None or (_is_int(train.max_steps_this_run) and train.max_steps_this_run >= 1),
-             "train.max_steps_this_run", train.max_steps_this_run, "it must be an integer >= 1, or null")
+    every = train.grad_fidelity_every
+    _require(every == 0 or train.log_prox_errors, "train.grad_fidelity_every", every,
+             "it needs train.log_prox_errors=true (the recomputed anchor it compares against)")
 
 
 def _validate_rollout(rollout: DictConfig, train: DictConfig) -> None:
     from a3po.rollout import ENGINES
 
     _require(rollout.name in ENGINES, "rollout.name", rollout.name, f"allowed: {sorted(ENGINES)}")
-    _require(_is_int(rollout.max_new_tokens) and rollout.max_new_tokens >= 1, "rollout.max_new_tokens",
-             rollout.max_new_tokens, "it must be an integer >= 1")
-    _require(_is_number(rollout.temperature) and rollout.temperature > 0, "rollout.temperature", rollout.temperature, "it must be > 0")
-    _require(_is_number(rollout.top_p) and 0 < rollout.top_p <= 1, "rollout.top_p", rollout.top_p, "it must be in (0, 1]")
-    rollout_device = rollout.get("device")
-    _require(rollout_device is None or rollout_device in DEVICES or re.fullmatch(r"cuda:\d+", str(rollout_device)),
-             "rollout.device", rollout_device, f"allowed: null (the trainer's device), {list(DEVICES)} or cuda:<index>")
+    check_group(plain(rollout), ROLLOUT_SCHEMAS[rollout.name], "rollout", tolerate=field_names(*ROLLOUT_SCHEMAS.values()))
     # A sequence is at least one prompt token plus the longest response; a micro-batch must hold one.
     _require(train.token_budget > rollout.max_new_tokens, "train.token_budget", train.token_budget,
              f"it must exceed rollout.max_new_tokens={rollout.max_new_tokens} so one sequence fits a micro-batch")
@@ -158,7 +133,5 @@ def _validate_rollout(rollout: DictConfig, train: DictConfig) -> None:
 
 def _validate_runtime_and_logger(cfg: DictConfig) -> None:
     _require(cfg.runtime.name in RUNTIMES, "runtime.name", cfg.runtime.name, f"allowed: {list(RUNTIMES)}")
-    if cfg.runtime.name == "async":
-        eta = cfg.runtime.get("max_staleness")
-        _require(_is_int(eta) and eta >= 0, "runtime.max_staleness", eta, "it must be an integer >= 0")
-    _require(cfg.logger.mode in LOGGER_MODES, "logger.mode", cfg.logger.mode, f"allowed: {list(LOGGER_MODES)}")
+    check_group(plain(cfg.runtime), RUNTIMES[cfg.runtime.name], "runtime")
+    check_group(plain(cfg.logger), LoggerConfig, "logger")
