@@ -92,7 +92,8 @@ def fit_rational(cells: pd.DataFrame) -> RationalFit:
         return weight * (power / (power + c + b * p) - target)
 
     best = min((least_squares(residuals, np.array(start), bounds=BOUNDS) for start in STARTS), key=lambda r: r.cost)
-    gamma, c, b = (float(f"{v:.4g}") for v in best.x)
+    # 4 significant digits, and a bound's float residue (1e-25) read as the bound itself
+    gamma, c, b = (0.0 if abs(v) < 1e-6 else float(f"{v:.4g}") for v in best.x)
     return RationalFit(gamma, c, b, len(cells))
 
 
