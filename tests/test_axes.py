@@ -22,12 +22,20 @@ AXES = {"algo": ALGOS, "schedule": SCHEDULES, "correction": CORRECTIONS, "object
 
 @pytest.mark.parametrize("group", sorted(AXES))
 def test_every_yaml_states_its_specs_defaults_and_every_spec_has_a_yaml(group):
+    """conf/<axis>/<name>.yaml of a spec holds its defaults; a file of another name is a preset
+    of the spec it names (conf/schedule/fitted.yaml: `name: rational` and fitted values), whose
+    values that spec accepts."""
     registry = AXES[group]
     files = {path.stem: yaml.safe_load(path.read_text()) for path in (CONF_DIR / group).glob("*.yaml")}
-    assert set(files) == set(registry)
-    for name, content in files.items():
-        assert content.pop("name") == name
-        assert content == registry[name].defaults(), f"conf/{group}/{name}.yaml"
+    assert set(registry) <= set(files)
+    for stem, content in files.items():
+        name = content.pop("name")
+        if stem == name:
+            assert content == registry[name].defaults(), f"conf/{group}/{stem}.yaml"
+        else:
+            assert name in registry, f"conf/{group}/{stem}.yaml names {name!r}, not a {group}"
+            assert set(content) == set(registry[name].params), f"conf/{group}/{stem}.yaml"
+            registry[name].check(content, group)
 
 
 # ---- a toy choice on three axes, each one Python definition plus one YAML file ---------------
