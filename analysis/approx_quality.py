@@ -22,8 +22,9 @@ import pandas as pd
 from analysis.drift import drift_points, fit_drift
 from analysis.figures_panels import approx_error
 from analysis.load import load_runs
+from analysis.stats import mean_ci
 
-__all__ = ["schedule_table", "stratum_table", "gradient_table", "hybrid_rows", "main"]
+__all__ = ["schedule_table", "stratum_table", "gradient_table", "hybrid_rows", "s2_verdicts", "main"]
 
 KINDS = {"logp_abs": "log-prob error", "clip_flip": "clip flips"}
 
@@ -82,6 +83,39 @@ def hybrid_rows(df: pd.DataFrame) -> list[dict]:
                     "loglinear_error": error.mean(), "prox_s": steady["time/prox_logp"].mean(),
                     "recompute_prox_s": others[others["step"] >= d]["value"].mean()})
     return out
+
+
+def _per_seed(df: pd.DataFrame, schedule: str, kind: str) -> pd.Series:
+    """(staleness, seed) -> a recompute run's steady-state mean of prox_error/<schedule>/<kind>."""
+    rows = _steady(df[df["algo"] == "recompute"], f"prox_error/{schedule}/{kind}")
+    rows = rows[rows["metric"] == f"prox_error/{schedule}/{kind}"]
+    return rows.groupby(["staleness", "seed"])["value"].mean()
+
+
+def s2_verdicts(df: pd.DataFrame) -> list[str]:
+    """docs/study_s2.md's fidelity rules. H-S2a per d and metric: the 95% t interval of the
+    per-seed difference step_start - inverse; holds wholly below 0, does not hold wholly above,
+    else inconclusive. H-S2c (where a `fitted` anchor is logged): the (seed, d) cells in which
+    its error is below step_start's; decided only when all or none are."""
+    lines = ["H-S2a (step_start vs inverse, per-seed paired difference, mean over steps >= d; 95% t interval):", "",
+             "| d | metric | seeds | step_start - inverse | 95% interval | verdict |", "|--:|---|--:|--:|---|---|"]
+    for kind in ("logp_abs", "clip_flip"):
+        diff = (_per_seed(df, "step_start", kind) - _per_seed(df, "inverse", kind)).dropna()
+        for d, values in diff.groupby(level="staleness"):
+            ci = mean_ci(values.tolist())
+            verdict = ("holds" if ci.known and ci.high < 0 else "does not hold" if ci.known and ci.low > 0
+                       else "inconclusive")
+            lines.append(f"| {d} | {kind} | {ci.n} | {ci.mean:+.4f} | [{ci.low:+.4f}, {ci.high:+.4f}] | {verdict} |")
+    fitted = _per_seed(df, "fitted", "logp_abs")
+    if not fitted.empty:
+        step_start = _per_seed(df, "step_start", "logp_abs").reindex(fitted.index)
+        below = fitted < step_start
+        verdict = "holds" if below.all() else "does not hold" if not below.any() else "undecided (mixed)"
+        cells = ", ".join(f"d = {d} seed {seed}: {f:.4f} vs {s:.4f}" for (d, seed), f, s in
+                          zip(fitted.index, fitted, step_start))
+        lines += ["", f"H-S2c (fitted below step_start, log-prob error, held-out seeds): {int(below.sum())} of "
+                      f"{len(below)} (seed, d) cells: {verdict}. {cells}."]
+    return lines + [""]
 
 
 def _table_lines(table: pd.DataFrame, head: str, fmt) -> list[str]:
@@ -143,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
              "largest d.", "", *_markdown(schedule_table(base)), "",
              f"Drift: mean |logp - behave_logp| = {fit.c:.3g} * (d + k/m)^{fit.beta:.3f} "
              f"(`python -m analysis.drift`, least squares on the logs over {fit.n_points} (step, minibatch) points; "
-             "beta = 1 is linear drift, 0.5 diffusive).", "", *_extra_sections(df)]
+             "beta = 1 is linear drift, 0.5 diffusive).", "", *s2_verdicts(base), *_extra_sections(df)]
     lines += [f"![approx_error]({Path(p).relative_to(args.out.parent)})" for p in figure if str(p).endswith(".png")]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")

@@ -240,3 +240,21 @@ def test_fit_schedule_reads_a_run_and_writes_a_schedule_that_trains(tiny_cfg, tm
                        *(f"schedule.{key}={schedule[key]}" for key in ("gamma", "c", "b")))
     run(trained)
     assert len(read_metrics(run_dir_of(trained) / "metrics.jsonl")) == 2
+
+
+def test_the_s2_fidelity_verdicts_follow_the_preregistered_rules():
+    import pandas as pd
+
+    from analysis.approx_quality import s2_verdicts
+
+    rows = []
+    for seed, (start, inverse, fitted) in enumerate([(0.05, 0.12, None), (0.06, 0.11, 0.05), (0.04, 0.13, 0.07)]):
+        for schedule, value in (("step_start", start), ("inverse", inverse), ("fitted", fitted)):
+            for kind in ("logp_abs", "clip_flip"):
+                if value is not None:
+                    rows += [{"algo": "recompute", "metric": f"prox_error/{schedule}/{kind}", "step": step,
+                              "staleness": 4, "seed": seed, "value": value} for step in (3, 4, 5)]
+    text = "\n".join(s2_verdicts(pd.DataFrame(rows)))
+    assert "| 4 | logp_abs | 3 | -0.0700 |" in text and text.count("| holds |") == 2  # step (3) is before d
+    # fitted below step_start at seed 1 (0.05 < 0.06), above at seed 2 (0.07 > 0.04): mixed
+    assert "H-S2c (fitted below step_start, log-prob error, held-out seeds): 1 of 2 (seed, d) cells: undecided" in text
