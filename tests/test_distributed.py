@@ -35,6 +35,8 @@ RUN_OVERRIDES = ["precision=fp32", "train.n_prompts=3", "train.n_samples=3", "tr
 # Measured: max |weight difference| 4.2e-8, metrics within 1.1e-6 (actor/importance_weight/max ~ 1):
 # float32 sums in another order (two shards, a reduce-scatter), nothing more.
 WEIGHT_TOLERANCE = 1e-6
+# prox_error/<schedule>/<error>/H1-H3 (a3po.learner.fidelity): present in both, not compared
+ENTROPY_TERCILES = ("/H1", "/H2", "/H3")
 METRIC_RTOL, METRIC_ATOL = 1e-5, 1e-6
 
 if not torch.distributed.is_available():
@@ -125,6 +127,8 @@ def test_two_processes_match_one(reference_runs):
         x, y = _comparable(x), _comparable(y)
         assert x.keys() == y.keys()
         for k in x:
+            if k.endswith(ENTROPY_TERCILES):
+                continue  # a token's tercile is a step function of its entropy: 1e-7 moves it across a cut
             assert x[k] == pytest.approx(y[k], rel=METRIC_RTOL, abs=METRIC_ATOL), (x["step"], k)
 
 
