@@ -14,6 +14,7 @@ schema, read by the suite's own check instead.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import re
@@ -34,7 +35,7 @@ def rule(default: Any, allowed: str, ok: Check = lambda v: True) -> Any:
     type from the annotation is checked first)."""
     metadata = {"allowed": allowed, "ok": ok}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: default, metadata=metadata)
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
     return field(default=default, metadata=metadata)
 
 
