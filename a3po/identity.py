@@ -177,9 +177,10 @@ def identity_record(algo: Mapping[str, Any] | str, schedule: Mapping[str, Any] |
     correction, objective or runtime groups existed give the record those runs had;
     `precision` must be resolved (`name_precision`)."""
     algo = as_group(algo, "")
+    method_params = _method_params(algo)
     record = {
         "method": algo["name"],
-        **({"method_params": _method_params(algo)} if _method_params(algo) else {}),
+        **({"method_params": method_params} if method_params else {}),
         "schedule": as_group(schedule, DEFAULT_SCHEDULE) if uses_schedule(algo) else None,
         "correction": correction_group(correction),
         "objective": as_group(objective, DEFAULT_OBJECTIVE),

@@ -47,3 +47,21 @@ def tiny_cfg(tmp_path):
         return compose_config([*TINY_OVERRIDES, *overrides], output_root=tmp_path / "outputs")
 
     return make
+
+
+def even_token_share(self, problems, groups) -> int:
+    """A reward a random tiny model earns (the arith task's is always 0 for it): the share of a
+    response's tokens with an even id. Every GRPO group gets mixed rewards, so gradients are not 0.
+    Installed as RolloutProducer.score (the `earnable_reward` fixture, or a subprocess worker)."""
+    for group in groups:
+        for sample in group:
+            sample.reward = float((sample.response_ids % 2 == 0).float().mean())
+    return 0
+
+
+@pytest.fixture
+def earnable_reward(monkeypatch):
+    """Runs in this test score samples with `even_token_share`."""
+    import a3po.rollout.producer
+
+    monkeypatch.setattr(a3po.rollout.producer.RolloutProducer, "score", even_token_share)

@@ -188,22 +188,15 @@ def _check_submitit_tasks_become_ranks(monkeypatch, launched_world) -> None:
 
 
 # ---------------------------------------------------------------------- the worker
-def _even_token_share(self, problems, groups) -> int:
-    for group in groups:
-        for sample in group:
-            sample.reward = float((sample.response_ids % 2 == 0).float().mean())
-    return 0
-
-
 def _worker(run_dir: str, overrides: list[str]) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from conftest import TINY_OVERRIDES, compose_config
+    from conftest import TINY_OVERRIDES, compose_config, even_token_share
 
     import a3po.rollout.producer
     import a3po.run.main
     from a3po.errors import ConfigError
 
-    a3po.rollout.producer.RolloutProducer.score = _even_token_share
+    a3po.rollout.producer.RolloutProducer.score = even_token_share
     cfg = compose_config([*TINY_OVERRIDES, *overrides])
     try:
         a3po.run.main.run(cfg, run_dir=run_dir)

@@ -103,15 +103,14 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank_at_the_same_minibatch(tm
 def _nan_on_rank_worker(run_dir: str, overrides: list[str]) -> None:
     """A plain run, except that rank A3PO_TEST_NAN_RANK adds NaN to its loss at step 1."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from conftest import TINY_OVERRIDES, compose_config
-    from test_distributed import _even_token_share
+    from conftest import TINY_OVERRIDES, compose_config, even_token_share
 
     import a3po.rollout.producer
     import a3po.run.main
     from a3po.run.health import EXIT_DIVERGED, RunDiverged
     from a3po.learner.trainer import Trainer
 
-    a3po.rollout.producer.RolloutProducer.score = _even_token_share
+    a3po.rollout.producer.RolloutProducer.score = even_token_share
     nan_rank = int(os.environ["A3PO_TEST_NAN_RANK"])
     original_step, original_loss = Trainer.step, Trainer.loss
 

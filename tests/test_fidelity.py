@@ -73,11 +73,9 @@ def test_the_alpha_fit_statistics_give_the_least_squares_alpha():
     assert out["drift/logp_abs/k1"].item() == pytest.approx((0.4 + 0.2 + 0.8 + 0.1) / 4)
 
 
-def test_the_approx_quality_report_tabulates_every_schedule_and_the_drift(tiny_cfg, tmp_path, monkeypatch):
-    import a3po.rollout.producer
+def test_the_approx_quality_report_tabulates_every_schedule_and_the_drift(tiny_cfg, tmp_path, earnable_reward):
     from analysis.approx_quality import main
 
-    monkeypatch.setattr(a3po.rollout.producer.RolloutProducer, "score", _even_token_share)
     common = ("staleness=1", "train.total_steps=3", "train.log_prox_errors=true", "train.n_minibatches=2")
     cfg = tiny_cfg("algo=recompute", "train.grad_fidelity_every=1", *common)
     run(cfg)
@@ -154,18 +152,7 @@ def test_gradient_agreement_is_exact_for_equal_anchors_and_counts_the_difference
     assert w.grad is None  # nothing accumulated
 
 
-def _even_token_share(self, problems, groups) -> int:
-    """A reward the random tiny model earns (tests/test_distributed.py): the gradients are not 0."""
-    for group in groups:
-        for sample in group:
-            sample.reward = float((sample.response_ids % 2 == 0).float().mean())
-    return 0
-
-
-def test_a_run_logs_strata_and_gradient_fidelity_on_due_steps_outside_time_step(tiny_cfg, monkeypatch):
-    import a3po.rollout.producer
-
-    monkeypatch.setattr(a3po.rollout.producer.RolloutProducer, "score", _even_token_share)
+def test_a_run_logs_strata_and_gradient_fidelity_on_due_steps_outside_time_step(tiny_cfg, earnable_reward):
     cfg = tiny_cfg("algo=loglinear", "staleness=2", "train.total_steps=4", "train.log_prox_errors=true",
                    "train.grad_fidelity_every=2", "train.n_minibatches=2", "train.lr=1e-3",
                    "+train.prox_error_schedules.fitted={name: rational, gamma: 0.5, c: 0.25, b: 2.0}")
@@ -215,15 +202,13 @@ def test_the_schedule_fit_recovers_a_rational_schedule_from_its_cells():
         fit_rational(cells.head(2))
 
 
-def test_fit_schedule_reads_a_run_and_writes_a_schedule_that_trains(tiny_cfg, tmp_path, monkeypatch):
-    import a3po.rollout.producer
+def test_fit_schedule_reads_a_run_and_writes_a_schedule_that_trains(tiny_cfg, tmp_path, earnable_reward):
     from omegaconf import OmegaConf
 
     from a3po.maths.schedules import validate_schedule
     from analysis.fit_schedule import alpha_cells, main
     from analysis.load import load_runs
 
-    monkeypatch.setattr(a3po.rollout.producer.RolloutProducer, "score", _even_token_share)
     cfg = tiny_cfg("algo=recompute", "staleness=2", "train.total_steps=4", "train.log_prox_errors=true",
                    "train.n_minibatches=2", "train.lr=1e-3")
     run(cfg)

@@ -14,14 +14,6 @@ from a3po.run.main import run, run_dir_of
 from a3po.run.metrics_log import read_metrics
 
 
-def _even_token_share(self, problems, groups) -> int:
-    """A reward the random tiny model earns (tests/test_distributed.py): the gradients are not 0."""
-    for group in groups:
-        for sample in group:
-            sample.reward = float((sample.response_ids % 2 == 0).float().mean())
-    return 0
-
-
 def test_recomputes_at_counts_steps_and_asks_the_probe_only_when_it_decides():
     assert [s for s in range(10) if recomputes_at(s, 3, None, lambda: pytest.fail("no probe"))] == [0, 3, 6, 9]
     assert not any(recomputes_at(s, 0, None, lambda: pytest.fail("no probe")) for s in range(5))
@@ -36,10 +28,7 @@ def test_recomputes_at_counts_steps_and_asks_the_probe_only_when_it_decides():
     assert not recomputes_at(5, 2, 0.3, probe)
 
 
-def _run(tiny_cfg, monkeypatch, *overrides):
-    import a3po.rollout.producer
-
-    monkeypatch.setattr(a3po.rollout.producer.RolloutProducer, "score", _even_token_share)
+def _run(tiny_cfg, *overrides):
     cfg = tiny_cfg("staleness=2", "train.total_steps=5", "train.n_minibatches=2", "train.lr=1e-3", *overrides)
     run(cfg)
     return cfg, read_metrics(run_dir_of(cfg) / "metrics.jsonl")
@@ -49,28 +38,28 @@ def _comparable(record: dict) -> dict:
     return {k: v for k, v in record.items() if not k.startswith(("time/", "hybrid/")) and k != "wall_time"}
 
 
-def test_hybrid_is_recompute_at_every_1_and_loglinear_at_every_0(tiny_cfg, monkeypatch):
-    _, recompute = _run(tiny_cfg, monkeypatch, "algo=recompute")
-    _, loglinear = _run(tiny_cfg, monkeypatch, "algo=loglinear")
-    _, always = _run(tiny_cfg, monkeypatch, "algo=hybrid", "algo.every=1")
-    _, never = _run(tiny_cfg, monkeypatch, "algo=hybrid", "algo.every=0")
+def test_hybrid_is_recompute_at_every_1_and_loglinear_at_every_0(tiny_cfg, earnable_reward):
+    _, recompute = _run(tiny_cfg, "algo=recompute")
+    _, loglinear = _run(tiny_cfg, "algo=loglinear")
+    _, always = _run(tiny_cfg, "algo=hybrid", "algo.every=1")
+    _, never = _run(tiny_cfg, "algo=hybrid", "algo.every=0")
     assert [r["hybrid/recomputed"] for r in always] == [1.0] * 5 and [r["hybrid/recomputed"] for r in never] == [0.0] * 5
     assert [_comparable(r) for r in always] == [_comparable(r) for r in recompute]
     assert [_comparable(r) for r in never] == [_comparable(r) for r in loglinear]
     assert _comparable(recompute[3]) != _comparable(loglinear[3])  # the two really differ: the test can fail
 
 
-def test_hybrid_recomputes_on_exactly_the_configured_steps_and_pays_the_forward_only_there(tiny_cfg, monkeypatch):
-    cfg, records = _run(tiny_cfg, monkeypatch, "algo=hybrid", "algo.every=2")
+def test_hybrid_recomputes_on_exactly_the_configured_steps_and_pays_the_forward_only_there(tiny_cfg, earnable_reward):
+    cfg, records = _run(tiny_cfg, "algo=hybrid", "algo.every=2")
     assert [r["hybrid/recomputed"] for r in records] == [1.0, 0.0, 1.0, 0.0, 1.0]
     assert "hybrid/drift_ess" not in records[0]  # no ESS trigger, no probe
     assert cfg.identity.label == "hybrid2" and cfg.identity.method_params == {"every": 2, "min_ess": None}
     assert run_dir_of(cfg).name == "hybrid2-d2-s0"
 
 
-def test_an_ess_trigger_probes_each_step_the_count_does_not_decide(tiny_cfg, monkeypatch):
+def test_an_ess_trigger_probes_each_step_the_count_does_not_decide(tiny_cfg, earnable_reward):
     # min_ess = 1: any drift at all (ESS < 1) recomputes; at step 0 nothing has drifted (ESS = 1)
-    cfg, records = _run(tiny_cfg, monkeypatch, "algo=hybrid", "algo.every=0", "algo.min_ess=1.0")
+    cfg, records = _run(tiny_cfg, "algo=hybrid", "algo.every=0", "algo.min_ess=1.0")
     assert "hybrid/drift_ess" in records[0] and records[0]["hybrid/drift_ess"] == pytest.approx(1.0)
     assert records[0]["hybrid/recomputed"] == 0.0
     assert all(r["hybrid/drift_ess"] < 1.0 and r["hybrid/recomputed"] == 1.0 for r in records[2:])

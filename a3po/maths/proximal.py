@@ -203,12 +203,12 @@ def approximation_errors(
     target_logp, prox_logp_true = target_logp.detach(), prox_logp_true.detach()
     true_decisions = decisions(prox_logp_true) if decisions is not None else {}
     out: dict[str, torch.Tensor] = {}
-    for schedule, params in schedules.items():
-        params = {key: value for key, value in params.items() if key != "name"}
+    for schedule, given in schedules.items():
+        name, params = schedule_of(schedule, given), {key: value for key, value in given.items() if key != "name"}
         for method in methods or approximations():
             approx = approximate_prox_logp(
                 behave_logp, target_logp, versions, current_version, method=method,
-                schedule=schedule_of(schedule, schedules[schedule]), position=position, check_finite=False, **params,
+                schedule=name, position=position, check_finite=False, **params,
             )
             label = schedule if method == "loglinear" else f"{schedule}-{method}"
             errors = _errors(approx, prox_logp_true, behave_logp, target_logp)

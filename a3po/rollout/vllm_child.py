@@ -188,8 +188,18 @@ class ChildVLLMEngine:
     @interruptible.setter
     def interruptible(self, value: bool) -> None:
         self._interruptible = bool(value)
+        self._tell(("interruptible", self._interruptible))
+
+    def _tell(self, message: tuple) -> None:
+        """A control message that needs no answer; none once the child has ended (a shutdown
+        after the child died must still close the parent's side)."""
         with self._ctrl_lock:
-            self._ctrl.send(("interruptible", self._interruptible))
+            if self._process is None or not self._process.is_alive():
+                return
+            try:
+                self._ctrl.send(message)
+            except (BrokenPipeError, ConnectionResetError):
+                log.info("the vLLM child process ended before %r reached it", message[0])
 
     def update_weights(self, policy: torch.nn.Module, version: int) -> None:
         state = {name: tensor.detach() for name, tensor in policy.state_dict().items()}
@@ -209,19 +219,13 @@ class ChildVLLMEngine:
     def cancel(self) -> None:
         """End the current and every later `generate` with GenerationCancelled (shutdown)."""
         self._cancelled.set()
-        with self._ctrl_lock:
-            if self._process is not None and self._process.is_alive():
-                self._ctrl.send(("cancel",))
+        self._tell(("cancel",))
 
     def close(self) -> None:
         if self._process is None:
             return
-        try:
-            self.cancel()
-            with self._ctrl_lock:
-                self._ctrl.send(("close",))
-        except (OSError, ValueError):
-            pass  # the child is already gone
+        self.cancel()
+        self._tell(("close",))
         self._stop()
 
     def _stop(self) -> None:
