@@ -63,7 +63,7 @@ from analysis.power import ALPHA
 from analysis.scalars import context_of, run_scalars
 from analysis.stats import Interval, difference_ci, mean_ci
 
-__all__ = ["CLAIMS", "Claim", "evaluate_claims", "judge", "verdict", "equivalence_verdict"]
+__all__ = ["CLAIMS", "Claim", "compare", "evaluate_claims", "judge", "verdict", "equivalence_verdict"]
 
 HOLDS = "holds"
 FAILS = "does not hold"
@@ -122,10 +122,10 @@ def _tost_note(claim: Claim, samples: Samples, tost: Mapping | None) -> str:
             f"{fmt(tost['p_upper'], 2)} (< +{claim.margin:.0%}); 90% CI {shown(claim, ci90)}")
 
 
-def _notes(claim: Claim, rows: pd.DataFrame, how: str, interval: Interval) -> list[str]:
+def _notes(claim: Claim, rows: pd.DataFrame, how: str, interval: Interval, names: tuple[str, str]) -> list[str]:
     notes = [how] if how else []
     if claim.effect == "relative" and np.isfinite(interval.mean) and abs(interval.mean) > claim.margin:
-        notes.append("loglinear higher" if interval.mean > 0 else "loglinear lower")
+        notes.append(f"{names[0]} higher" if interval.mean > 0 else f"{names[0]} lower")
     if claim.column in ("train_time_s", "cpu_time_s"):
         flagged = int(rows["contended"].sum())
         if flagged:
@@ -135,17 +135,17 @@ def _notes(claim: Claim, rows: pd.DataFrame, how: str, interval: Interval) -> li
     return notes
 
 
-def _uneven_contention(claim: Claim, rows: pd.DataFrame) -> str:
+def _uneven_contention(claim: Claim, rows: pd.DataFrame, names: tuple[str, str]) -> str:
     """For the wall-clock training-time claim: `recompute 3/3, loglinear 0/3 runs` when the
     two sides' shares of contended runs differ, else ''."""
     if claim.column != "train_time_s":
         return ""
     shares = {algo: (int(rows.loc[rows["algo"] == algo, "contended"].sum()), int((rows["algo"] == algo).sum()))
-              for algo in ("recompute", "loglinear")}
-    if shares["recompute"][1] == 0 or shares["loglinear"][1] == 0:
+              for algo in names[::-1]}
+    if any(n == 0 for _, n in shares.values()):
         return ""
     fractions = {algo: flagged / n for algo, (flagged, n) in shares.items()}
-    if fractions["recompute"] == fractions["loglinear"]:
+    if len(set(fractions.values())) == 1:
         return ""
     return ", ".join(f"{algo} {flagged}/{n} runs" for algo, (flagged, n) in shares.items())
 
@@ -164,12 +164,21 @@ def _not_judged(record: dict, reason: str) -> dict:
 def judge(claim: Claim, rows: pd.DataFrame) -> dict:
     """One claim in one context: the per-algorithm values, the effect, the verdict, and the
     numbers shown beside it (`analysis.claims_power.beside`)."""
-    values = {algo: _by_seed(rows[rows["algo"] == algo], claim.column) for algo in ALGOS}
-    record = {"claim": claim.key, "title": claim.title, "paper": claim.paper, "better": claim.sign or +1,
-              **{algo: fmt_pm(mean_ci(list(values[algo].values()))) for algo in ALGOS}}
-    ours, base = values["loglinear"], values["recompute"]
+    values = {algo: rows[rows["algo"] == algo] for algo in ALGOS}
+    record = {algo: fmt_pm(mean_ci(list(_by_seed(values[algo], claim.column).values()))) for algo in ALGOS}
+    return {**record, **compare(claim, values["loglinear"], values["recompute"], ("loglinear", "recompute"))}
+
+
+def compare(claim: Claim, ours_rows: pd.DataFrame, base_rows: pd.DataFrame,
+            names: tuple[str, str] = ("loglinear", "recompute")) -> dict:
+    """One claim between any two arms' runs (`ours_rows` against `base_rows`, paired by seed):
+    the effect, the verdict by the rules above, and the numbers shown beside it. `names` name
+    the two arms in what is missing. The alpha-schedule, mechanism and corrections reports
+    judge their contrasts with it; `judge` is it for loglinear against recompute."""
+    record = {"claim": claim.key, "title": claim.title, "paper": claim.paper, "better": claim.sign or +1}
+    ours, base = _by_seed(ours_rows, claim.column), _by_seed(base_rows, claim.column)
     if not ours or not base:
-        absent = " and ".join(algo for algo, seeds in (("loglinear", ours), ("recompute", base)) if not seeds)
+        absent = " and ".join(name for name, seeds in zip(names, (ours, base)) if not seeds)
         return _not_judged(record, f"{claim.column} has no value for {absent}: not logged, or no step >= d")
     samples, problem = on_effect_scale(claim, ours, base)
     if samples is None:
@@ -182,8 +191,9 @@ def judge(claim: Claim, rows: pd.DataFrame) -> dict:
         judged = equivalence_verdict(extra["tost"], interval, claim.margin)
     else:
         judged = verdict(interval, claim.sign, RESOLUTION * size)
-    notes = _notes(claim, rows, how, interval) + [_tost_note(claim, samples, extra["tost"])] * bool(claim.margin)
-    uneven = _uneven_contention(claim, rows)
+    rows = pd.concat([ours_rows.assign(algo=names[0]), base_rows.assign(algo=names[1])])
+    notes = _notes(claim, rows, how, interval, names) + [_tost_note(claim, samples, extra["tost"])] * bool(claim.margin)
+    uneven = _uneven_contention(claim, rows, names)
     if uneven:
         judged = INCONCLUSIVE_CONTENDED.format(detail=uneven)
     if interval.mean != 0 and max(abs(interval.low), abs(interval.high)) <= RESOLUTION * size:
@@ -192,7 +202,6 @@ def judge(claim: Claim, rows: pd.DataFrame) -> dict:
                   effect_mean=interval.mean, effect_low=interval.low, effect_high=interval.high,
                   samples=samples, **extra)
     return record
-
 
 def context_title(rows: pd.DataFrame) -> str:
     """`d = 4`, plus whatever else sets this context apart from the paper's setup."""

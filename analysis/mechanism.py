@@ -1,0 +1,344 @@
+"""The mechanism report (S3, docs/study_s3.md): why the clip-ratio difference between A-3PO
+and recompute changes direction with the staleness d and the minibatches per step m.
+
+    python -m analysis.mechanism SWEEP_DIR... --drift-from SWEEP_DIR... --out docs/mechanism.md --figures-dir docs/mechanism
+
+The model. The clip acts on |log pi_theta - log pi_prox|, the anchor's distance from the
+current policy. On minibatch k of a step (k = 0..m-1) the current policy is k/m versions past
+the step's start and d + k/m past the behaviour policy. Recompute's anchor is the step-start
+policy; a loglinear anchor with behaviour weight w_b has log pi_theta - log pi_prox = w_b
+(log pi_theta - log pi_behave) exactly. With a mean per-token drift of c t^beta over t versions
+(the drift exponent, `analysis.drift`), the mean anchor distance of a step in units of c is
+
+    recompute:  mean_k (k/m)^beta
+    loglinear:  mean_k w_b(d, k/m) (d + k/m)^beta
+
+and the model predicts an arm clips more than recompute when its distance is over 1.25 times
+recompute's, less when under 0.8 times, and makes no call in between (`prediction`).
+
+The report: per (d, m) the S1 rules (`analysis.claims.compare`) for the clip ratio (g'), IW
+min (f) and IW max (e), each loglinear arm against recompute, paired by seed; beta fitted on
+the recompute runs' drift; each cell's prediction and whether the verdict agrees; the slope
+of the inverse - recompute clip-ratio difference on log2 m per seed (H-S3a); and the
+pre-registered verdicts H-S3a-c. Runs passed with `--drift-from` only feed the drift fit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from a3po.maths.schedules import target_weight
+from analysis.claims import FAILS, HOLDS, compare
+from analysis.drift import DriftFit, drift_points, fit_drift
+from analysis.frame import disambiguate
+from analysis.identity import DEFAULT_SCHEDULE, lookup
+from analysis.load import load_configs, load_runs
+from analysis.markdown import fmt, fmt_interval, markdown_table
+from analysis.paper_claims import CLAIMS
+from analysis.scalars import run_scalars
+from analysis.stats import Interval, mean_ci
+
+__all__ = ["anchor_distance", "prediction", "arm_of", "with_minibatches", "contrast_cells", "clip_slopes",
+           "score", "main"]
+
+RECOMPUTE = "recompute"
+ARMS = ("inverse", "step_start")  # the loglinear schedules S3 compares with recompute
+BAND = (0.8, 1.25)
+MORE, LESS, NO_CALL, EQUAL = "more", "less", "no call", "equal"
+JUDGED = [claim for claim in CLAIMS if claim.key in ("g'", "f", "e")]
+CLIP = "g'"
+
+
+def anchor_distance(arm: str, d: float, m: int, beta: float) -> float:
+    """A step's mean anchor distance in units of c under drift c t^beta: recompute's, or a
+    loglinear anchor's with the schedule `arm` (any registered schedule, its defaults)."""
+    if m < 1 or d <= 0 or beta <= 0:
+        raise ValueError(f"anchor_distance needs m >= 1, d > 0 and beta > 0; got m={m}, d={d}, beta={beta}")
+    positions = np.arange(m) / m
+    if arm == RECOMPUTE:
+        return float(np.mean(positions**beta))
+    # w_b = 1 - alpha at staleness d: a token of version 0 trained at version d
+    w_b = [1.0 - float(target_weight(torch.tensor([0]), d, arm, position=float(p))[0]) for p in positions]
+    return float(np.mean(np.asarray(w_b) * (d + positions) ** beta))
+
+
+def prediction(arm_distance: float, recompute_distance: float, band: tuple[float, float] = BAND) -> str:
+    """The model's call for the arm's clip ratio against recompute's: more, less, no call
+    (ratio of distances inside `band`) or equal (both anchors are the current policy)."""
+    if recompute_distance == 0:
+        return EQUAL if arm_distance == 0 else MORE
+    ratio = arm_distance / recompute_distance
+    return MORE if ratio > band[1] else LESS if ratio < band[0] else NO_CALL
+
+
+def arm_of(row: pd.Series) -> str | None:
+    """`recompute`, or the loglinear schedule, for a run in the paper's setup (lagged, no
+    correction, ppo); None for any other run."""
+    if row["runtime"] != "lagged" or row["correction"] != "none" or row["objective"] != "ppo":
+        return None
+    if row["algo"] == RECOMPUTE:
+        return RECOMPUTE
+    schedule = row["schedule"] or DEFAULT_SCHEDULE  # runs logged before the record name none
+    if row["algo"] == "loglinear" and schedule in ARMS:
+        return schedule
+    return None
+
+
+def with_minibatches(scalars: pd.DataFrame, configs: dict) -> pd.DataFrame:
+    """The scalars of the S3 arms with their `arm` and minibatch count `m` (train.n_minibatches)."""
+    out = scalars.assign(arm=[arm_of(row) for _, row in scalars.iterrows()])
+    out["m"] = [int(lookup(configs.get((e, r), {}), "train.n_minibatches", -1)) for e, r in
+                zip(out["experiment"], out["run"])]
+    return out[out["arm"].notna() & (out["m"] > 0)].reset_index(drop=True)
+
+
+def contrast_cells(arms: pd.DataFrame, beta: float, seeds: list[int] | None = None) -> pd.DataFrame:
+    """One row per (d, m, arm, claim): `analysis.claims.compare` of the arm against recompute
+    on the given seeds (all where None), with the model's distances and call for the clip."""
+    if seeds is not None:
+        arms = arms[arms["seed"].isin(seeds)]
+    records = []
+    for (d, m), cell in arms.groupby(["staleness", "m"], sort=True):
+        base = cell[cell["arm"] == RECOMPUTE]
+        for arm in ARMS:
+            ours = cell[cell["arm"] == arm]
+            if ours.empty or base.empty:
+                continue
+            distance, base_distance = anchor_distance(arm, d, m, beta), anchor_distance(RECOMPUTE, d, m, beta)
+            for claim in JUDGED:
+                record = compare(claim, ours, base, (arm, RECOMPUTE))
+                records.append({"d": int(d), "m": int(m), "arm": arm, "distance": distance,
+                                "recompute_distance": base_distance,
+                                "call": prediction(distance, base_distance), **record})
+    return pd.DataFrame(records)
+
+
+def agreement(call: str, verdict: str) -> str:
+    """A clip cell against the model: agrees (it holds in the called direction), disagrees
+    (it holds in the other), undecided, or no call. The claim's direction is "lower"."""
+    if call not in (MORE, LESS):
+        return "no call"
+    lower = {HOLDS: True, FAILS: False}.get(verdict)
+    if lower is None:
+        return "undecided"
+    return "agrees" if lower == (call == LESS) else "disagrees"
+
+
+def score(cells: pd.DataFrame, beta: float) -> tuple[str, list[dict]]:
+    """H-S3b's verdict over the clip cells under drift exponent `beta`, and each cell's row."""
+    rows = []
+    for _, cell in cells[cells["claim"] == CLIP].iterrows():
+        call = prediction(anchor_distance(cell["arm"], cell["d"], cell["m"], beta),
+                          anchor_distance(RECOMPUTE, cell["d"], cell["m"], beta))
+        rows.append({"d": cell["d"], "m": cell["m"], "arm": cell["arm"], "call": call,
+                     "verdict": cell["verdict"], "agreement": agreement(call, cell["verdict"])})
+    outcomes = [row["agreement"] for row in rows if row["agreement"] != "no call"]
+    if "disagrees" in outcomes:
+        return FAILS, rows
+    if outcomes and outcomes.count("agrees") * 2 >= len(outcomes):
+        return HOLDS, rows
+    return "inconclusive", rows
+
+
+def clip_slopes(arms: pd.DataFrame, d: int = 8) -> tuple[Interval, dict[int, float]]:
+    """H-S3a: per seed with inverse and recompute at every minibatch count at `d`, the slope
+    of the clip-ratio difference (inverse - recompute) on log2 m; their mean's 95% t interval."""
+    cell = arms[(arms["staleness"] == d) & arms["arm"].isin([RECOMPUTE, "inverse"])]
+    counts = sorted(cell["m"].unique())
+    slopes = {}
+    for seed, runs in cell.groupby("seed"):
+        values = runs.pivot_table(index="m", columns="arm", values="clip_ratio", aggfunc="mean")
+        if len(counts) < 2 or not {RECOMPUTE, "inverse"} <= set(values.columns):
+            continue
+        values = values.reindex(counts)
+        difference = (values["inverse"] - values[RECOMPUTE]).to_numpy()
+        if np.isfinite(difference).all():
+            slopes[int(seed)] = float(np.polyfit(np.log2(counts), difference, 1)[0])
+    return mean_ci(list(slopes.values())), slopes
+
+
+def common_seeds(arms: pd.DataFrame, d: int = 8) -> list[int]:
+    """The seeds that every (minibatch count, arm) present at `d` has."""
+    cell = arms[arms["staleness"] == d]
+    groups = [set(runs["seed"]) for _, runs in cell.groupby(["m", "arm"])]
+    return sorted(set.intersection(*groups)) if groups else []
+
+
+def drift_fits(df: pd.DataFrame, configs: dict, d: int = 8) -> tuple[DriftFit | None, dict[int, DriftFit]]:
+    """beta pooled over every recompute run at `d` that logged the drift, and per minibatch count."""
+    runs = df[(df["algo"] == RECOMPUTE) & (df["staleness"] == d)]
+    points = drift_points(runs)
+    if points.empty:
+        return None, {}
+    experiment = runs.drop_duplicates("run").set_index("run")["experiment"]
+    points["m"] = [int(lookup(configs.get((experiment[r], r), {}), "train.n_minibatches", -1)) for r in points["run"]]
+    pooled = fit_drift(points["distance"].to_numpy(), points["drift"].to_numpy())
+    per_m = {}
+    for m, part in points.groupby("m"):
+        try:
+            per_m[int(m)] = fit_drift(part["distance"].to_numpy(), part["drift"].to_numpy())
+        except ValueError:
+            continue
+    return pooled, per_m
+
+
+def _cell_table(cells: pd.DataFrame) -> list[str]:
+    rows = [[f"{c['d']}", f"{c['m']}", f"`{c['arm']}`", c["claim"], c["effect"], c["verdict"], fmt(c["mde"], 3),
+             str(c["seeds_observed"]), f"{c['distance'] / c['recompute_distance']:.2f}" if c["recompute_distance"]
+             else ("-" if c["distance"] == 0 else "inf"), c["call"] if c["claim"] == CLIP else "",
+             agreement(c["call"], c["verdict"]) if c["claim"] == CLIP else "", c["note"]] for _, c in cells.iterrows()]
+    return markdown_table(["d", "m", "arm", "claim", "arm - recompute [95% CI]", "verdict", "MDE",
+                           "seeds for 80% power", "distance ratio", "model's call", "agreement", "note"],
+                          rows, numeric_from=99).splitlines()
+
+
+def _model_table(d: int, counts: list[int], beta: float) -> list[str]:
+    rows = []
+    for m in counts:
+        base = anchor_distance(RECOMPUTE, d, m, beta)
+        row = [str(m), f"{base:.3f}"]
+        for arm in ARMS:
+            distance = anchor_distance(arm, d, m, beta)
+            row += [f"{distance:.3f}", prediction(distance, base)]
+        rows.append(row)
+    return markdown_table(["m", "recompute", "inverse", "call", "step_start", "call"], rows).splitlines()
+
+
+def _score_lines(title: str, cells: pd.DataFrame, beta: float) -> list[str]:
+    judged, rows = score(cells, beta)
+    table = markdown_table(["d", "m", "arm", "call", "clip verdict", "agreement"],
+                           [[str(r["d"]), str(r["m"]), f"`{r['arm']}`", r["call"], r["verdict"], r["agreement"]]
+                            for r in rows], numeric_from=99)
+    return [f"**{title}, beta = {beta:.3g}: {judged}.**", "", table, ""]
+
+
+def _step_start_verdict(cells: pd.DataFrame) -> str:
+    clip = cells[(cells["arm"] == "step_start") & (cells["claim"] == CLIP)]
+    if clip.empty:
+        return "not judged (no step_start runs)"
+    return FAILS if (clip["verdict"] == FAILS).any() else HOLDS
+
+
+def _figure(arms: pd.DataFrame, d: int, out_dir: Path, beta: float) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cell = arms[arms["staleness"] == d]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), layout="constrained")
+    for arm, colour in ((RECOMPUTE, "tab:blue"), ("inverse", "tab:orange"), ("step_start", "tab:green")):
+        runs = cell[cell["arm"] == arm]
+        if runs.empty:
+            continue
+        stats = [(m, mean_ci(list(group["clip_ratio"]))) for m, group in runs.groupby("m")]
+        counts = [m for m, _ in stats]
+        left.errorbar(counts, [i.mean for _, i in stats], yerr=[[i.mean - i.low if i.known else 0 for _, i in stats],
+                      [i.high - i.mean if i.known else 0 for _, i in stats]], marker="o", capsize=3, color=colour,
+                      label=arm)
+        grid = [1, 2, 4, 8]
+        right.plot(grid, [anchor_distance(arm, d, m, beta) for m in grid], marker="o", color=colour, label=arm)
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("minibatches per step m")
+    left.set_ylabel("clip ratio (steps >= d), mean and 95% CI over seeds")
+    right.set_ylabel(f"model: mean anchor distance / c (beta = {beta:.2f})")
+    left.legend(frameon=False)
+    left.set_title(f"measured, d = {d}")
+    right.set_title(f"predicted, d = {d}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "mechanism.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _provenance(arms: pd.DataFrame) -> list[str]:
+    counts = arms.groupby(["staleness", "m", "arm"])["seed"].agg(lambda s: ", ".join(map(str, sorted(s))))
+    rows = [[str(d), str(m), f"`{arm}`", seeds] for (d, m, arm), seeds in counts.items()]
+    return markdown_table(["d", "m", "arm", "seeds"], rows, numeric_from=99).splitlines()
+
+
+def report(args: argparse.Namespace) -> list[str]:
+    """The report's lines (markdown) from the parsed command line."""
+    df = disambiguate(load_runs(args.paths))
+    configs = load_configs(args.paths)
+    arms = with_minibatches(run_scalars(df), configs)
+    drift_df = load_runs(args.drift_from) if args.drift_from else df.iloc[0:0]
+    drift_configs = {**configs, **(load_configs(args.drift_from) if args.drift_from else {})}
+    pooled, per_m = drift_fits(pd.concat([df, drift_df]), drift_configs, args.d)
+    beta = pooled.beta if pooled else 1.0
+    seeds = common_seeds(arms, args.d)
+    at_d = contrast_cells(arms[arms["staleness"] == args.d], beta, seeds)
+    across_d = contrast_cells(arms[arms["m"] == args.across_m], beta)
+    slope, slopes = clip_slopes(arms[arms["seed"].isin(seeds)], args.d)
+    slope_verdict = ("holds" if slope.known and slope.high < 0 else FAILS if slope.known and slope.low > 0
+                     else "inconclusive")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    command = (f"python -m analysis.mechanism {' '.join(map(str, args.paths))}"
+               + (f" --drift-from {' '.join(map(str, args.drift_from))}" if args.drift_from else "")
+               + (f" --d {args.d}" if args.d != 8 else "") + (f" --across-m {args.across_m}" if args.across_m != 4 else "")
+               + f" --out {args.out} --figures-dir {args.figures_dir}")
+    figure = _figure(arms, args.d, args.figures_dir, beta)
+    drift_text = (f"beta = {pooled.beta:.3f} (c = {pooled.c:.3g}, {pooled.n_points} (step, minibatch) points of the "
+                  f"recompute runs at d = {args.d}); per m: "
+                  + ", ".join(f"m = {m}: {fit.beta:.3f} ({fit.n_points} points)" for m, fit in sorted(per_m.items()))
+                  if pooled else "no recompute run at this d logged the drift: beta = 1 assumed")
+    precision = ", ".join(sorted(df.loc[df["run"].isin(arms["run"]), "precision"].astype(str).unique()))
+    lines = ["# The mechanism: the clip-ratio difference against the minibatches per step (S3)", "",
+             f"Generated by `{command}` at {commit or 'an unknown commit'}; regenerate rather than edit. "
+             "Pre-registered in docs/study_s3.md (hypotheses, grid, rules); its deviations are listed there.", "",
+             "## Provenance", "",
+             f"- runs: {len(arms)} in the paper's setup (lagged, no correction, ppo), precision {precision}; "
+             f"experiments: {', '.join(sorted(arms['experiment'].unique()))}",
+             f"- at d = {args.d} the comparisons use the seeds every (m, arm) has: {', '.join(map(str, seeds))}", "",
+             *_provenance(arms), "",
+             "## The drift and the model's calls", "",
+             f"Drift exponent: {drift_text}. With it, the mean anchor distance per step in units of c "
+             f"(`analysis.mechanism.anchor_distance`) and the model's call against recompute "
+             f"(more when the ratio > {BAND[1]}, less when < {BAND[0]}) at d = {args.d}:", "",
+             *_model_table(args.d, [1, 2, 4, 8], beta), "",
+             "Under linear drift (beta = 1) for comparison:", "", *_model_table(args.d, [1, 2, 4, 8], 1.0), "",
+             f"## Each arm against recompute at d = {args.d}", "",
+             "The S1 rules (analysis/claims.py): per-seed paired difference arm - recompute, 95% Student-t "
+             "interval; g' (clip ratio) and e (IW max) claim \"lower\", f (IW min) \"higher\", so for g' "
+             "\"holds\" means the arm clips less and \"does not hold\" that it clips more.", "",
+             *_cell_table(at_d), "",
+             f"## Across d at {args.across_m} minibatches (every seed)", "", *_cell_table(across_d), "",
+             "## Pre-registered verdicts", "",
+             f"**H-S3a (the inverse - recompute clip gap falls as m grows): {slope_verdict}.** Slope of the "
+             f"per-seed difference on log2 m: {fmt_interval(slope)} over {slope.n} seeds "
+             f"({', '.join(f'seed {s}: {v:.4f}' for s, v in sorted(slopes.items()))}).", "",
+             *_score_lines(f"H-S3b (the direction follows the drift), d = {args.d}", at_d, beta),
+             *_score_lines(f"The linear-drift model, d = {args.d}", at_d, 1.0),
+             *_score_lines(f"H-S3b on the cells at {args.across_m} minibatches across d", across_d, beta),
+             *_score_lines(f"The linear-drift model at {args.across_m} minibatches across d", across_d, 1.0),
+             f"**H-S3c (step_start clips no more than recompute at every m): {_step_start_verdict(at_d)}.**", "",
+             "Nothing is corrected for multiplicity: each verdict is at level 0.05 on its own.", "",
+             f"![mechanism]({figure.relative_to(args.out.parent) if figure.is_relative_to(args.out.parent) else figure})"]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="+", help="sweep folders whose runs are compared")
+    parser.add_argument("--drift-from", nargs="*", default=[], help="sweep folders whose recompute runs only feed the drift fit")
+    parser.add_argument("--d", type=int, default=8, help="the staleness the minibatch counts are compared at")
+    parser.add_argument("--across-m", type=int, default=4, help="the minibatch count the staleness levels are compared at")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--figures-dir", type=Path, required=True)
+    args = parser.parse_args(argv)
+    lines = report(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

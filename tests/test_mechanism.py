@@ -1,0 +1,110 @@
+"""The mechanism report (S3): the anchor-distance model, its calls, the scoring of verdicts
+against them, the slope of the clip gap on log2 m, and the report from real runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from a3po.run.main import run, run_dir_of
+from analysis.mechanism import (LESS, MORE, NO_CALL, EQUAL, agreement, anchor_distance, clip_slopes, main,
+                                prediction, score)
+
+
+def test_anchor_distances_by_hand():
+    # recompute: mean_k (k/m)^beta; inverse: w_b = 1/d of the drift over d + k/m versions
+    assert anchor_distance("recompute", 8, 1, 1.0) == 0.0
+    assert anchor_distance("recompute", 8, 2, 1.0) == pytest.approx(0.25)
+    assert anchor_distance("recompute", 8, 4, 0.5) == pytest.approx((0 + 0.5 + 0.5**0.5 + 0.75**0.5) / 4)
+    assert anchor_distance("inverse", 8, 1, 1.0) == pytest.approx(1.0)
+    assert anchor_distance("inverse", 8, 2, 1.0) == pytest.approx((8 + 8.5) / 2 / 8)
+    assert anchor_distance("inverse", 4, 2, 0.5) == pytest.approx((4**0.5 + 4.5**0.5) / 2 / 4)
+    # step_start is recompute's anchor exactly under linear drift, and closer under diffusive drift
+    for m in (1, 2, 4, 8):
+        assert anchor_distance("step_start", 8, m, 1.0) == pytest.approx(anchor_distance("recompute", 8, m, 1.0))
+    assert anchor_distance("step_start", 8, 4, 0.48) == pytest.approx(0.123, abs=1e-3)
+    # the target anchor is the current policy, the behave anchor the behaviour policy
+    assert anchor_distance("target", 8, 4, 0.5) == 0.0
+    assert anchor_distance("behave", 8, 1, 0.5) == pytest.approx(8**0.5)
+    with pytest.raises(ValueError, match="m >= 1"):
+        anchor_distance("inverse", 8, 0, 1.0)
+
+
+def test_the_pre_registered_table_at_d8():
+    """docs/study_s3.md's table: beta = 0.48 reverses the direction between m = 2 and m = 4."""
+    calls = {m: prediction(anchor_distance("inverse", 8, m, 0.48), anchor_distance("recompute", 8, m, 0.48))
+             for m in (1, 2, 4, 8)}
+    assert calls == {1: MORE, 2: NO_CALL, 4: LESS, 8: LESS}
+    linear = {m: prediction(anchor_distance("inverse", 8, m, 1.0), anchor_distance("recompute", 8, m, 1.0))
+              for m in (1, 2, 4, 8)}
+    assert set(linear.values()) == {MORE}
+    assert prediction(0.0, 0.0) == EQUAL and prediction(1.0, 1.1) == NO_CALL and prediction(2.0, 1.0) == MORE
+
+
+def test_agreement_reads_the_clip_claims_direction():
+    # g' claims "lower": holds = the arm clips less
+    assert agreement(LESS, "holds") == "agrees" and agreement(MORE, "does not hold") == "agrees"
+    assert agreement(MORE, "holds") == "disagrees" and agreement(LESS, "does not hold") == "disagrees"
+    assert agreement(MORE, "inconclusive (CI of the difference includes 0)") == "undecided"
+    assert agreement(NO_CALL, "holds") == "no call"
+
+
+def _cells(rows):
+    return pd.DataFrame([{"claim": "g'", "d": d, "m": m, "arm": arm, "verdict": verdict} for d, m, arm, verdict in rows])
+
+
+def test_score_holds_fails_and_stays_inconclusive_by_the_rule():
+    beta = 0.48  # calls at d = 8: m1 more, m2 no call, m4 less, m8 less
+    agree = _cells([(8, 1, "inverse", "does not hold"), (8, 2, "inverse", "holds"), (8, 4, "inverse", "holds"),
+                    (8, 8, "inverse", "inconclusive")])
+    judged, rows = score(agree, beta)
+    assert judged == "holds" and [r["agreement"] for r in rows] == ["agrees", "no call", "agrees", "undecided"]
+    disagree = _cells([(8, 1, "inverse", "does not hold"), (8, 4, "inverse", "does not hold")])
+    assert score(disagree, beta)[0] == "does not hold"
+    undecided = _cells([(8, 1, "inverse", "inconclusive"), (8, 4, "inverse", "inconclusive"),
+                        (8, 8, "inverse", "holds")])
+    assert score(undecided, beta)[0] == "inconclusive"  # 1 of 3 agrees: less than half
+
+
+def test_the_clip_slope_per_seed():
+    rows = []
+    for seed, gap in ((0, 0.02), (1, 0.03), (2, 0.025)):
+        for m in (1, 2, 4, 8):
+            rows.append({"staleness": 8, "m": m, "seed": seed, "arm": "recompute", "clip_ratio": 0.01})
+            rows.append({"staleness": 8, "m": m, "seed": seed, "arm": "inverse",
+                         "clip_ratio": 0.01 + gap * (3 - np.log2(m))})  # slope -gap on log2 m
+    interval, slopes = clip_slopes(pd.DataFrame(rows))
+    assert slopes == pytest.approx({0: -0.02, 1: -0.03, 2: -0.025})
+    assert interval.mean == pytest.approx(-0.025) and interval.high < 0
+
+
+def test_the_report_from_real_runs(tiny_cfg, tmp_path, earnable_reward):
+    """Recompute with the drift logged, inverse and step_start at 1 and 2 minibatches, d = 2, two
+    seeds: every section is written, each (m, arm) is compared on its seeds, the drift is fitted."""
+    for m in (1, 2):
+        for seed in (0, 1):
+            for arm in ("algo=recompute", "algo=loglinear", "algo=loglinear schedule=step_start"):
+                if m == 1 and "step_start" in arm:
+                    continue
+                cfg = tiny_cfg(*arm.split(), "staleness=2", "train.total_steps=3", f"train.n_minibatches={m}",
+                               f"seed={seed}", "experiment_name=mechanism", "train.log_prox_errors=true",
+                               "run_name='${a3po_run_name:${identity}}-m" + str(m) + "'")
+                run(cfg)
+    sweep = run_dir_of(cfg).parent
+    out = tmp_path / "docs" / "mechanism.md"
+    assert main([str(sweep), "--d", "2", "--across-m", "2", "--out", str(out),
+                 "--figures-dir", str(tmp_path / "docs" / "mechanism")]) == 0
+    text = out.read_text()
+    assert "at d = 2 the comparisons use the seeds every (m, arm) has: 0, 1" in text
+    assert "Drift exponent: beta = " in text and "per m: m = 1:" in text
+    assert "--d 2 --across-m 2 --out" in text  # the regenerate command is the one that ran
+    rows = [[cell.strip() for cell in line.split("|")[1:6]] for line in text.splitlines() if line.startswith("| 2 |")]
+    compared = {(row[1], row[2]) for row in rows if row[3] == "g'"}
+    assert compared == {("1", "`inverse`"), ("2", "`inverse`"), ("2", "`step_start`")}
+    # m = 1: recompute's anchor is the current policy, so the model calls inverse "more"
+    assert any(row[1] == "1" and row[2] == "`inverse`" and row[3] == "g'" for row in rows)
+    assert "| 1 |     0.000 |" in text  # recompute's distance at m = 1 in the model table
+    assert "**H-S3a (the inverse - recompute clip gap falls as m grows):" in text
+    assert "**H-S3c (step_start clips no more than recompute at every m):" in text
+    assert (tmp_path / "docs" / "mechanism" / "mechanism.png").exists()
