@@ -110,6 +110,8 @@ def equivalence_verdict(tost: Mapping | None, interval: Interval, margin: float)
 
 
 def _by_seed(rows: pd.DataFrame, column: str) -> dict[int, float]:
+    if column not in rows.columns:
+        return {}
     return {int(s): float(v) for s, v in zip(rows["seed"], rows[column]) if np.isfinite(v)}
 
 

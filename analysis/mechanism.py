@@ -34,12 +34,13 @@ import pandas as pd
 import torch
 
 from a3po.maths.schedules import target_weight
-from analysis.claims import FAILS, HOLDS, compare
+from analysis.claims import FAILS, HOLDS
+from analysis.contrasts import code, contrast, contrast_table, provenance_table
 from analysis.drift import DriftFit, drift_points, fit_drift
 from analysis.frame import disambiguate
 from analysis.identity import DEFAULT_SCHEDULE, lookup
 from analysis.load import load_configs, load_runs
-from analysis.markdown import fmt, fmt_interval, markdown_table
+from analysis.markdown import fmt_interval, markdown_table
 from analysis.paper_claims import CLAIMS
 from analysis.scalars import run_scalars
 from analysis.stats import Interval, mean_ci
@@ -111,11 +112,8 @@ def contrast_cells(arms: pd.DataFrame, beta: float, seeds: list[int] | None = No
             if ours.empty or base.empty:
                 continue
             distance, base_distance = anchor_distance(arm, d, m, beta), anchor_distance(RECOMPUTE, d, m, beta)
-            for claim in JUDGED:
-                record = compare(claim, ours, base, (arm, RECOMPUTE))
-                records.append({"d": int(d), "m": int(m), "arm": arm, "distance": distance,
-                                "recompute_distance": base_distance,
-                                "call": prediction(distance, base_distance), **record})
+            records += contrast(JUDGED, ours, base, (arm, RECOMPUTE), d=int(d), m=int(m), arm=arm, distance=distance,
+                                recompute_distance=base_distance, call=prediction(distance, base_distance))
     return pd.DataFrame(records)
 
 
@@ -188,14 +186,18 @@ def drift_fits(df: pd.DataFrame, configs: dict, d: int = 8) -> tuple[DriftFit | 
     return pooled, per_m
 
 
+def _ratio(cell: pd.Series) -> str:
+    if cell["recompute_distance"]:
+        return f"{cell['distance'] / cell['recompute_distance']:.2f}"
+    return "-" if cell["distance"] == 0 else "inf"
+
+
 def _cell_table(cells: pd.DataFrame) -> list[str]:
-    rows = [[f"{c['d']}", f"{c['m']}", f"`{c['arm']}`", c["claim"], c["effect"], c["verdict"], fmt(c["mde"], 3),
-             str(c["seeds_observed"]), f"{c['distance'] / c['recompute_distance']:.2f}" if c["recompute_distance"]
-             else ("-" if c["distance"] == 0 else "inf"), c["call"] if c["claim"] == CLIP else "",
-             agreement(c["call"], c["verdict"]) if c["claim"] == CLIP else "", c["note"]] for _, c in cells.iterrows()]
-    return markdown_table(["d", "m", "arm", "claim", "arm - recompute [95% CI]", "verdict", "MDE",
-                           "seeds for 80% power", "distance ratio", "model's call", "agreement", "note"],
-                          rows, numeric_from=99).splitlines()
+    clip_only = (lambda key: lambda c: c[key] if c["claim"] == CLIP else "")
+    return contrast_table(cells, [("d", "d"), ("m", "m"), ("arm", code("arm"))],
+                          [("distance ratio", _ratio), ("model's call", clip_only("call")),
+                           ("agreement", lambda c: agreement(c["call"], c["verdict"]) if c["claim"] == CLIP else "")],
+                          effect="arm - recompute").splitlines()
 
 
 def _model_table(d: int, counts: list[int], beta: float) -> list[str]:
@@ -258,12 +260,6 @@ def _figure(arms: pd.DataFrame, d: int, out_dir: Path, beta: float) -> Path:
     return path
 
 
-def _provenance(arms: pd.DataFrame) -> list[str]:
-    counts = arms.groupby(["staleness", "m", "arm"])["seed"].agg(lambda s: ", ".join(map(str, sorted(s))))
-    rows = [[str(d), str(m), f"`{arm}`", seeds] for (d, m, arm), seeds in counts.items()]
-    return markdown_table(["d", "m", "arm", "seeds"], rows, numeric_from=99).splitlines()
-
-
 def report(args: argparse.Namespace) -> list[str]:
     """The report's lines (markdown) from the parsed command line."""
     df = disambiguate(load_runs(args.paths))
@@ -297,7 +293,7 @@ def report(args: argparse.Namespace) -> list[str]:
              f"- runs: {len(arms)} in the paper's setup (lagged, no correction, ppo), precision {precision}; "
              f"experiments: {', '.join(sorted(arms['experiment'].unique()))}",
              f"- at d = {args.d} the comparisons use the seeds every (m, arm) has: {', '.join(map(str, seeds))}", "",
-             *_provenance(arms), "",
+             provenance_table(arms, [("d", "staleness"), ("m", "m")]), "",
              "## The drift and the model's calls", "",
              f"Drift exponent: {drift_text}. With it, the mean anchor distance per step in units of c "
              f"(`analysis.mechanism.anchor_distance`) and the model's call against recompute "

@@ -79,6 +79,7 @@ def test_the_clip_slope_per_seed():
     assert interval.mean == pytest.approx(-0.025) and interval.high < 0
 
 
+@pytest.mark.slow
 def test_the_report_from_real_runs(tiny_cfg, tmp_path, earnable_reward):
     """Recompute with the drift logged, inverse and step_start at 1 and 2 minibatches, d = 2, two
     seeds: every section is written, each (m, arm) is compared on its seeds, the drift is fitted."""

@@ -1,0 +1,67 @@
+"""Contrasts between two arms, as the study reports show them: one row per
+(cell, claim) judged by `analysis.claims.compare` with the S1 rules, with the MDE and the seeds
+needed beside each verdict. Used by the alpha-schedule (S2), mechanism (S3) and corrections
+(S4) reports; the claims report (S1) has its own richer tables (analysis.claims_markdown).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pandas as pd
+
+from analysis.claims import FAILS, HOLDS, Claim, compare
+from analysis.markdown import fmt, markdown_table
+
+__all__ = ["code", "contrast", "contrast_table", "direction_word", "provenance_table"]
+
+
+def contrast(claims: Sequence[Claim], ours: pd.DataFrame, base: pd.DataFrame, names: tuple[str, str],
+             **cell) -> list[dict]:
+    """Each claim between the runs `ours` and `base` (paired by seed), each record tagged with
+    the cell's keys (`d=8, m=4, arm="inverse"`...)."""
+    return [{**cell, "ours": names[0], "base": names[1], **compare(claim, ours, base, names)} for claim in claims]
+
+
+def direction_word(record: dict) -> str:
+    """The verdict as a direction for a descriptive cell: `higher` / `lower` when the interval
+    excludes 0 on that side, `no difference shown` otherwise (the claim's sign says which side
+    "holds" is on)."""
+    verdict = record["verdict"]
+    if verdict not in (HOLDS, FAILS):
+        return "no difference shown" if verdict.startswith("inconclusive") else verdict
+    higher = (record["better"] > 0) == (verdict == HOLDS)
+    return "higher" if higher else "lower"
+
+
+def _cell(record: pd.Series, key: str | Callable[[pd.Series], str]) -> str:
+    return key(record) if callable(key) else str(record[key])
+
+
+def code(key: str) -> Callable[[pd.Series], str]:
+    """A lead column shown as code: `inverse`."""
+    return lambda record: f"`{record[key]}`"
+
+
+def contrast_table(records: pd.DataFrame, lead: Sequence[tuple[str, str | Callable[[pd.Series], str]]],
+                   extra: Sequence[tuple[str, Callable[[pd.Series], str]]] = (), verdict: str = "verdict",
+                   effect: str = "ours - base") -> str:
+    """Markdown: the `lead` columns (header, record key or a function of the record), then claim, effect [95% CI], the
+    verdict (or `direction` for `direction_word`), MDE, seeds for 80% power at the observed
+    effect, the `extra` columns and the note."""
+    headers = [h for h, _ in lead] + ["claim", f"{effect} [95% CI]", verdict, "MDE", "seeds for 80% power",
+                                      *[h for h, _ in extra], "note"]
+    rows = []
+    for _, record in records.iterrows():
+        judged = direction_word(record) if verdict == "direction" else record["verdict"]
+        rows.append([_cell(record, key) for _, key in lead]
+                    + [record["claim"], record["effect"], judged, fmt(record["mde"], 3), str(record["seeds_observed"]),
+                       *[fn(record) for _, fn in extra], record["note"]])
+    return markdown_table(headers, rows, numeric_from=len(headers) + 1)
+
+
+def provenance_table(frame: pd.DataFrame, keys: Sequence[tuple[str, str]], label: str = "arm") -> str:
+    """Markdown: per group of the `keys` (header, column) and the `label` column, its seeds."""
+    seeds = frame.groupby([column for _, column in keys] + [label])["seed"].agg(lambda s: ", ".join(map(str, sorted(s))))
+    rows = [[*map(str, key[:-1]), f"`{key[-1]}`", value] for key, value in seeds.items()]
+    return markdown_table([header for header, _ in keys] + [label, "seeds"], rows, numeric_from=len(keys) + 2)

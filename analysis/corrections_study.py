@@ -1,0 +1,182 @@
+"""The seeded corrections report (S4, docs/study_s4.md): each off-policy correction against none
+under each proximal method, and the four pre-registered hypotheses.
+
+    python -m analysis.corrections_study SWEEP_DIR... --out docs/corrections.md --figures-dir docs/corrections
+
+Per staleness d and proximal method (recompute, loglinear), every correction against no
+correction on the same seeds, with the S1 rules (`analysis.claims.compare`): token ESS, IW max
+and min, entropy, clip ratio and held-out reward, each shown as the direction its 95% interval
+shows (higher, lower, no difference shown), with the MDE and the seeds needed. Then the
+hypotheses H-S4a-d with their verdicts, and beside each the value one seed showed before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.claims import FAILS, HOLDS, Claim
+from analysis.contrasts import code, contrast, contrast_table, provenance_table
+from analysis.figures_corrections import corrections_panel
+from analysis.frame import disambiguate
+from analysis.load import load_configs, load_runs
+from analysis.plotting import SaveOptions
+from analysis.report import figures_markdown, provenance
+from analysis.scalars import run_scalars
+
+__all__ = ["METRICS", "HYPOTHESES", "correction_arms", "versus_none", "hypothesis_verdict", "main"]
+
+METHODS = ("recompute", "loglinear")
+NONE = "none"
+METRICS = [
+    Claim("ess", "token ESS (steps >= d)", "ess_token", "difference", +1, "difference", "-"),
+    Claim("iw_max", "IW max (steps >= d)", "iw_max", "difference", -1, "difference", "-"),
+    Claim("iw_min", "IW min (steps >= d)", "iw_min", "difference", +1, "difference", "-"),
+    Claim("entropy", "entropy (steps >= d)", "entropy", "difference", +1, "difference", "-"),
+    Claim("clip", "clip ratio (steps >= d)", "clip_ratio", "difference", -1, "difference", "-"),
+    Claim("eval", "held-out reward after the last step", "final_eval_reward", "difference", +1, "difference", "-"),
+]
+BY_KEY = {claim.key: claim for claim in METRICS}
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One pre-registered hypothesis: its cells ((method, correction) against (method, correction)),
+    the metric and direction (the claim's sign), and what one seed showed."""
+
+    key: str
+    text: str
+    cells: tuple[tuple[tuple[str, str], tuple[str, str]], ...]
+    claim: Claim
+    one_seed: str
+
+
+HYPOTHESES = [
+    Hypothesis("H-S4a", "m2po keeps the token ESS higher under recompute",
+               ((("recompute", "m2po0.04"), ("recompute", NONE)),), BY_KEY["ess"], "0.77 vs 0.58"),
+    Hypothesis("H-S4b", "every masking correction lowers the IW max under recompute",
+               tuple(((("recompute", c), ("recompute", NONE))) for c in ("icepop0.5_2", "seq_mis0.5_2", "m2po0.04")),
+               BY_KEY["iw_max"], "1.24-1.32 vs 2.45"),
+    Hypothesis("H-S4c", "A-3PO's anchor alone keeps the token ESS higher than recompute's",
+               ((("loglinear", NONE), ("recompute", NONE)),), BY_KEY["ess"], "0.76 vs 0.58"),
+    Hypothesis("H-S4d", "seq_mis at 0.5-2 lowers loglinear's held-out reward",
+               ((("loglinear", "seq_mis0.5_2"), ("loglinear", NONE)),), Claim(
+                   "eval-", "held-out reward: lower", "final_eval_reward", "difference", -1, "difference", "-"),
+               "0.63 vs 0.84-0.89"),
+]
+
+
+def correction_arms(scalars: pd.DataFrame) -> pd.DataFrame:
+    """The lagged ppo runs of recompute and loglinear (the paper's schedule), with `method`."""
+    keep = (scalars["algo"].isin(METHODS) & (scalars["runtime"] == "lagged") & (scalars["objective"] == "ppo")
+            & scalars["schedule"].isin(["", "inverse"]))
+    return scalars[keep].assign(method=scalars.loc[keep, "algo"]).reset_index(drop=True)
+
+
+def _runs(arms: pd.DataFrame, d: int, method: str, correction: str) -> pd.DataFrame:
+    return arms[(arms["staleness"] == d) & (arms["method"] == method) & (arms["correction"] == correction)]
+
+
+def versus_none(arms: pd.DataFrame) -> pd.DataFrame:
+    """Every correction against none, per d and method: one row per (d, method, correction, metric)."""
+    records = []
+    for d in sorted(arms["staleness"].unique()):
+        for method in METHODS:
+            base = _runs(arms, d, method, NONE)
+            for correction in sorted(set(arms.loc[arms["method"] == method, "correction"]) - {NONE}):
+                ours = _runs(arms, d, method, correction)
+                if base.empty or ours.empty:
+                    continue
+                records += contrast(METRICS, ours, base, (correction, NONE), d=int(d), method=method,
+                                    correction=correction)
+    return pd.DataFrame(records)
+
+
+def hypothesis_verdict(hypothesis: Hypothesis, arms: pd.DataFrame, d: int) -> tuple[str, list[dict]]:
+    """The hypothesis at d: holds when every cell holds, does not hold when any cell does not
+    hold, inconclusive otherwise; and each cell's record."""
+    records = []
+    for (ours, base) in hypothesis.cells:
+        names = (f"{ours[0]}-{ours[1]}", f"{base[0]}-{base[1]}")
+        records += contrast([hypothesis.claim], _runs(arms, d, *ours), _runs(arms, d, *base), names,
+                            cell=f"{names[0]} vs {names[1]}")
+    verdicts = [r["verdict"] for r in records]
+    if verdicts and all(v == HOLDS for v in verdicts):
+        return HOLDS, records
+    if FAILS in verdicts:
+        return FAILS, records
+    if any(v.startswith("not judged") for v in verdicts):
+        return "not judged (a cell has no runs)", records
+    return "inconclusive", records
+
+
+def _seed0(records: list[dict]) -> str:
+    values = []
+    for record in records:
+        samples = record.get("samples")
+        if samples is not None and 0 in samples.ours and 0 in samples.base:
+            values.append(f"{samples.ours[0]:.3g} vs {samples.base[0]:.3g}")
+    return "; ".join(values) or "-"
+
+
+def _hypothesis_lines(arms: pd.DataFrame, d: int) -> list[str]:
+    lines = []
+    for hypothesis in HYPOTHESES:
+        judged, records = hypothesis_verdict(hypothesis, arms, d)
+        lines += [f"**{hypothesis.key} ({hypothesis.text}; {hypothesis.claim.title}), d = {d}: {judged}.** "
+                  f"One seed showed {hypothesis.one_seed}; seed 0 here: {_seed0(records)}.", "",
+                  contrast_table(pd.DataFrame(records), [("cell", "cell")], effect="difference"), ""]
+    return lines
+
+
+def report(args: argparse.Namespace) -> list[str]:
+    df = disambiguate(load_runs(args.paths))
+    configs = load_configs(args.paths)
+    scalars = run_scalars(df)
+    arms = correction_arms(scalars)
+    table = versus_none(arms)
+    figures = corrections_panel(df[df["run"].isin(arms["run"])], args.figures_dir,
+                                options=SaveOptions(formats=("png",), dpi=80))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    command = (f"python -m analysis.corrections_study {' '.join(map(str, args.paths))} --out {args.out} "
+               f"--figures-dir {args.figures_dir}")
+    lines = ["# Off-policy corrections, seeded (S4)", "",
+             f"Generated by `{command}` at {commit or 'an unknown commit'}; regenerate rather than edit. "
+             "Pre-registered in docs/study_s4.md (hypotheses, grid, rules); its deviations are listed there.", "",
+             "## Provenance", "", provenance(args.paths, scalars, configs), "",
+             provenance_table(arms, [("d", "staleness"), ("method", "method")], label="correction"), "",
+             "## The hypotheses", "",
+             "The S1 rules (analysis/claims.py): per-seed paired difference, 95% Student-t interval; a hypothesis "
+             "holds when every one of its cells holds in its direction, does not hold when any cell shows the "
+             "other direction, and is inconclusive otherwise.", ""]
+    for d in sorted(arms["staleness"].unique()):
+        lines += _hypothesis_lines(arms, int(d))
+    lines += ["## Every correction against none", "",
+              "Each cell: correction - none under the same proximal method, paired by seed; the direction its "
+              "95% interval shows (descriptive: only the hypotheses above were registered).", "",
+              contrast_table(table, [("d", "d"), ("method", "method"), ("correction", code("correction"))],
+                             verdict="direction", effect="correction - none") if len(table) else "No cell to compare.",
+              "", "Nothing is corrected for multiplicity: each interval is at level 0.05 on its own.", "",
+              "## Figure", "", figures_markdown(figures, args.out.parent)]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="+", help="sweep folders with the corrections runs")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--figures-dir", type=Path, required=True)
+    args = parser.parse_args(argv)
+    lines = report(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,234 @@
+"""The alpha-schedule report (S2, docs/study_s2.md): which anchor tracks recompute best, which
+trains best, and whether any beats the paper's.
+
+    python -m analysis.schedules SWEEP_DIR... [--fidelity-from SWEEP_DIR...] [--seeds 0,1,2,3,4] \\
+        --out docs/alpha_schedules.md --figures-dir docs/alpha_schedules
+
+- Fidelity (runs passed with `--fidelity-from`: recompute with `train.log_prox_errors=true`):
+  every schedule's log-prob error and clip-decision flip rate against recompute's anchor on the
+  same batches, per d, and H-S2a (`analysis.approx_quality`).
+- Training (the other runs): every loglinear schedule (coupled counts as `behave`: its anchor is
+  the behaviour policy, bit for bit) against recompute at each d with the S1 rules
+  (`analysis.claims.compare`) on the final reward (c, TOST ±2%), entropy (d), IW max and min (e,
+  f), clipped tokens and clip ratio (g, g'); then against the paper's `inverse` on the clip ratio
+  and the final reward. H-S2b: step_start's g' verdict against recompute is "holds" or
+  inconclusive while inverse's is "does not hold".
+- The ranking: schedules by their mean clip-ratio difference to recompute, each with its
+  interval; one schedule is called better than another only where their own paired interval
+  excludes 0 (the matrix).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.approx_quality import _markdown as fidelity_markdown
+from analysis.approx_quality import s2_verdicts, schedule_table
+from analysis.claims import FAILS, HOLDS, Claim
+from analysis.contrasts import code, contrast, contrast_table, provenance_table
+from analysis.frame import disambiguate
+from analysis.identity import DEFAULT_SCHEDULE
+from analysis.load import load_configs, load_runs
+from analysis.paper_claims import CLAIMS
+from analysis.report import figures_markdown, provenance
+from analysis.scalars import run_scalars
+from analysis.stats import mean_ci
+
+__all__ = ["arm_of", "schedule_arms", "against", "ranking", "h_s2b", "main"]
+
+RECOMPUTE, PAPERS = "recompute", DEFAULT_SCHEDULE
+TRAINING = [claim for claim in CLAIMS if claim.key in ("c", "d", "e", "f", "g", "g'")]
+CLIP = next(claim for claim in CLAIMS if claim.key == "g'")
+REWARD_HIGHER = Claim("r", "final reward: higher (mean reward/mean of the last 10% of steps)", "final_reward",
+                      "difference", +1, "difference", "-")
+
+
+def arm_of(row: pd.Series) -> str | None:
+    """`recompute`, the loglinear schedule's label (`inverse`, `exponential0.5`), or `behave` for
+    coupled, for a lagged run without correction under ppo; None otherwise."""
+    if row["runtime"] != "lagged" or row["correction"] != "none" or row["objective"] != "ppo":
+        return None
+    if row["algo"] == RECOMPUTE:
+        return RECOMPUTE
+    if row["algo"] == "coupled":
+        return "behave"
+    if row["algo"] == "loglinear":
+        return row["schedule"] or PAPERS
+    return None
+
+
+def schedule_arms(scalars: pd.DataFrame, seeds: list[int] | None) -> pd.DataFrame:
+    """The scalars of every arm (column `arm`) on the given seeds (all where None)."""
+    out = scalars.assign(arm=[arm_of(row) for _, row in scalars.iterrows()])
+    out = out[out["arm"].notna()]
+    return (out[out["seed"].isin(seeds)] if seeds is not None else out).reset_index(drop=True)
+
+
+def _order(arms: pd.DataFrame) -> list[str]:
+    names = sorted(set(arms["arm"]) - {RECOMPUTE, PAPERS})
+    return [PAPERS, *names] if PAPERS in set(arms["arm"]) else names
+
+
+def against(arms: pd.DataFrame, base: str, claims: list[Claim]) -> pd.DataFrame:
+    """Every schedule but `base` against `base` at each d: one row per (d, schedule, claim)."""
+    records = []
+    for d, cell in arms.groupby("staleness", sort=True):
+        base_rows = cell[cell["arm"] == base]
+        for arm in _order(cell):
+            if arm == base or base_rows.empty:
+                continue
+            records += contrast(claims, cell[cell["arm"] == arm], base_rows, (arm, base), d=int(d), arm=arm)
+    return pd.DataFrame(records)
+
+
+def ranking(versus_recompute: pd.DataFrame, arms: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(schedules by mean clip-ratio difference to recompute, per d; the pairwise matrix of
+    clip-ratio verdicts: row clips less `<`, more `>`, undecided `~`)."""
+    clip = versus_recompute[versus_recompute["claim"] == CLIP.key].sort_values(["d", "effect_mean"])
+    cells = []
+    for d, cell in arms.groupby("staleness", sort=True):
+        names = list(clip.loc[clip["d"] == d, "arm"])
+        for row in names:
+            for column in names:
+                if row == column:
+                    continue
+                record = contrast([CLIP], cell[cell["arm"] == row], cell[cell["arm"] == column], (row, column))[0]
+                mark = {HOLDS: "<", FAILS: ">"}.get(record["verdict"], "~")
+                cells.append({"d": int(d), "row": row, "column": column, "mark": mark})
+    matrix = pd.DataFrame(cells, columns=["d", "row", "column", "mark"])
+    return clip, matrix
+
+
+def h_s2b(versus_recompute: pd.DataFrame, d: int) -> str:
+    """step_start's clip verdict against recompute is "holds" or inconclusive while inverse's is
+    "does not hold", at d."""
+    clip = versus_recompute[(versus_recompute["claim"] == CLIP.key) & (versus_recompute["d"] == d)]
+    verdicts = dict(zip(clip["arm"], clip["verdict"]))
+    if "step_start" not in verdicts or PAPERS not in verdicts:
+        return "not judged (step_start or inverse has no runs)"
+    step_start_ok = verdicts["step_start"] == HOLDS or verdicts["step_start"].startswith("inconclusive")
+    return HOLDS if step_start_ok and verdicts[PAPERS] == FAILS else FAILS if not step_start_ok else (
+        f"not met as registered: step_start's g' is \"{verdicts['step_start']}\" but inverse's is "
+        f"\"{verdicts[PAPERS]}\", not \"does not hold\"")
+
+
+def _matrix_lines(matrix: pd.DataFrame, d: int, order: list[str]) -> list[str]:
+    part = matrix[matrix["d"] == d]
+    marks = {(r, c): m for r, c, m in zip(part["row"], part["column"], part["mark"])}
+    head = "| clips less (<) / more (>) than | " + " | ".join(f"`{c}`" for c in order) + " |"
+    rows = [f"| `{r}` | " + " | ".join("" if r == c else marks.get((r, c), "") for c in order) + " |" for r in order]
+    return [head, "|---|" + ":-:|" * len(order), *rows]
+
+
+def _figure(arms: pd.DataFrame, out_dir: Path) -> Path:
+    """Per d, each arm's clip ratio and final reward: seed mean and 95% t interval."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    levels = sorted(arms["staleness"].unique())
+    fig, axes = plt.subplots(len(levels), 2, figsize=(11, 3.2 * len(levels)), layout="constrained", squeeze=False)
+    for row, d in zip(axes, levels):
+        cell = arms[arms["staleness"] == d]
+        order = [RECOMPUTE, *_order(cell)]
+        for ax, column, title in ((row[0], "clip_ratio", "clip ratio (steps >= d)"),
+                                  (row[1], "final_reward", "final reward (last 10% of steps)")):
+            stats = [mean_ci(list(cell.loc[cell["arm"] == arm, column])) for arm in order]
+            ax.errorbar(range(len(order)), [i.mean for i in stats], fmt="o", capsize=3,
+                        yerr=[[i.mean - i.low if i.known else 0 for i in stats],
+                              [i.high - i.mean if i.known else 0 for i in stats]])
+            ax.set_xticks(range(len(order)), order, rotation=30, ha="right")
+            ax.set_title(f"{title}, d = {d}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "alpha_schedules.png"
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+def _fidelity_lines(paths: list[str]) -> list[str]:
+    if not paths:
+        return ["No fidelity runs were passed (`--fidelity-from`).", ""]
+    df = load_runs(paths)
+    base = df[df["algo"] == RECOMPUTE]
+    return ["Each value: a recompute run's mean over its steps >= d of the schedule's anchor error against "
+            "recompute's on the same batches, then the mean over seeds (`python -m analysis.approx_quality` "
+            "has the strata, the gradient agreement and the figure).", "",
+            *fidelity_markdown(schedule_table(base)), "", *s2_verdicts(base)]
+
+
+def report(args: argparse.Namespace) -> list[str]:
+    df = disambiguate(load_runs(args.paths))
+    configs = load_configs(args.paths)
+    scalars = run_scalars(df)
+    arms = schedule_arms(scalars, args.seeds)
+    versus_recompute = against(arms, RECOMPUTE, TRAINING)
+    versus_papers = against(arms, PAPERS, [CLIP, REWARD_HIGHER])
+    clip, matrix = ranking(versus_recompute, arms)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    command = (f"python -m analysis.schedules {' '.join(map(str, args.paths))}"
+               + (f" --fidelity-from {' '.join(map(str, args.fidelity_from))}" if args.fidelity_from else "")
+               + (f" --seeds {','.join(map(str, args.seeds))}" if args.seeds is not None else "")
+               + f" --out {args.out} --figures-dir {args.figures_dir}")
+    figure = _figure(arms, args.figures_dir)
+    used = scalars[scalars["run"].isin(arms["run"]) & scalars["experiment"].isin(arms["experiment"])]
+    lines = ["# The alpha-schedule ablation (S2)", "",
+             f"Generated by `{command}` at {commit or 'an unknown commit'}; regenerate rather than edit. "
+             "Pre-registered in docs/study_s2.md (hypotheses, grid, rules); its deviations are listed there.", "",
+             "## Provenance", "", provenance(args.paths, used, configs), "",
+             provenance_table(arms, [("d", "staleness")]), "",
+             "## Which anchor tracks recompute best (fidelity, H-S2a)", "", *_fidelity_lines(args.fidelity_from),
+             "## Which schedule trains best: each against recompute", "",
+             "The S1 rules (analysis/claims.py): per-seed paired difference schedule - recompute, 95% Student-t "
+             "interval; \"holds\" is the paper's direction for A-3PO (higher entropy and IW min, lower IW max and "
+             "clipping; the reward within ±2% by TOST). Coupled's runs are the `behave` schedule.", "",
+             contrast_table(versus_recompute, [("d", "d"), ("schedule", code("arm"))],
+                            effect="schedule - recompute"), ""]
+    for d in sorted(clip["d"].unique()):
+        order = list(clip.loc[clip["d"] == d, "arm"])
+        lines += [f"### Ranking by clip ratio at d = {d}", "",
+                  "Mean clip-ratio difference to recompute, lowest first: "
+                  + "; ".join(f"`{a}` {e}" for a, e in zip(clip.loc[clip["d"] == d, "arm"],
+                                                          clip.loc[clip["d"] == d, "effect"])) + ".", "",
+                  "Pairwise (row against column, paired by seed, 95% t interval): `<` the row clips less, `>` more, "
+                  "`~` undecided.", "", *_matrix_lines(matrix, d, order), "",
+                  f"**H-S2b (step_start clips no more than recompute where inverse clips more), d = {d}: "
+                  f"{h_s2b(versus_recompute, d)}.**", ""]
+    lines += ["## Does any schedule beat the paper's?", "",
+              "Each schedule against `inverse` (the paper's): the clip ratio (\"holds\" = clips less) and the final "
+              "reward (\"holds\" = higher).", "",
+              contrast_table(versus_papers, [("d", "d"), ("schedule", code("arm"))], effect="schedule - inverse"), "",
+              "Nothing is corrected for multiplicity: each verdict is at level 0.05 on its own, so among this many "
+              "a few can come from noise alone.", "", "## Figure", "", figures_markdown([figure], args.out.parent)]
+    return lines
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds={text!r} is not allowed; give seeds as integers, e.g. 0,1,2") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="+", help="sweep folders with the training runs")
+    parser.add_argument("--fidelity-from", nargs="*", default=[], help="sweep folders of recompute runs with the "
+                        "prox_error telemetry (train.log_prox_errors)")
+    parser.add_argument("--seeds", type=_seeds, default=None, help="compare on these seeds only (default: all)")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--figures-dir", type=Path, required=True)
+    args = parser.parse_args(argv)
+    lines = report(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
