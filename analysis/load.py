@@ -25,6 +25,7 @@ from a3po.run.metrics_log import read_metrics
 
 from analysis.frame import IDENTITY_COLUMNS, TIDY_COLUMNS, add_labels, disambiguate, tidy_run  # noqa: F401
 from analysis.identity import label, run_identity  # noqa: F401  (re-exported: the loader's public names)
+from analysis.logs import is_archive, unpacked
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,8 @@ def _warn_skipped(run_dir: Path, reason: str) -> None:
 
 
 def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
-    """Directories holding a config.yaml, searched recursively below each path.
+    """Directories holding a config.yaml, searched recursively below each path; a path may
+    also be a log archive (`analysis.logs`), read from its extracted copy.
 
     Hydra also writes `.hydra/config.yaml` inside every run dir; hidden directories
     (and wandb's and the checkpoints' folders) are never runs.
@@ -64,6 +66,12 @@ def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
         if not root.exists():
             warnings.warn(f"{root}: no such path", RunSkippedWarning, stacklevel=2)
             continue
+        if is_archive(root):
+            try:
+                root = unpacked(root)
+            except ValueError as error:
+                warnings.warn(str(error), RunSkippedWarning, stacklevel=2)
+                continue
         if root.is_file():
             root = root.parent
         candidates = [root / "config.yaml", *sorted(root.rglob("config.yaml"))]

@@ -852,3 +852,30 @@ def test_notebook_executes_against_the_sweep(sweep, tmp_path, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert nbformat.read(NOTEBOOK, as_version=4).cells[-1].outputs == []  # the stored file is untouched
+
+
+def test_a_log_archive_reads_as_its_sweep(sweep, tmp_path):
+    """`python -m analysis.logs pack`: run files only, the same bytes twice, the same frame."""
+    from analysis.logs import main as logs_main
+
+    out, again = tmp_path / "synthetic.tar.xz", tmp_path / "again.tar.xz"
+    assert logs_main(["pack", str(sweep), str(out)]) == 0 and logs_main(["pack", str(sweep), str(again)]) == 0
+    assert out.read_bytes() == again.read_bytes()
+    import tarfile
+    with tarfile.open(out) as archive:
+        names = archive.getnames()
+    assert "synthetic/recompute-d1-s0/metrics.jsonl" in names and not any(".hydra" in n for n in names)
+    from_dir, from_archive = load_runs(sweep), load_runs(out)
+    key = ["run", "step", "metric"]
+    pd.testing.assert_frame_equal(from_dir.sort_values(key).reset_index(drop=True),
+                                  from_archive.sort_values(key).reset_index(drop=True))
+
+
+def test_a_broken_log_archive_is_named_and_skipped(tmp_path):
+    broken = tmp_path / "broken.tar.xz"
+    broken.write_bytes(b"not an archive")
+    with pytest.warns(RunSkippedWarning, match="broken.tar.xz: not a readable log archive"):
+        with pytest.raises(NoRunsError):
+            load_runs(broken)
+    from analysis.logs import main as logs_main
+    assert logs_main(["pack", str(tmp_path / "empty"), str(tmp_path / "x.tar.xz")]) == 2

@@ -1,0 +1,93 @@
+"""A sweep's run logs as one small archive that the analysis reads directly.
+
+    python -m analysis.logs pack outputs/claims docs/logs/claims.tar.xz
+
+Each run directory below the sweep contributes its config.yaml, metrics.jsonl, finished.json
+and train.log (no checkpoints, no launcher folders), under `<sweep name>/<run>/`. The archive
+is deterministic (sorted members, fixed times and owners), so packing the same logs twice gives
+the same bytes and git stores it once. Every loader in `analysis` accepts such an archive where
+it accepts a folder (`analysis.load.find_run_dirs`): `python -m analysis.report
+docs/logs/claims.tar.xz --out docs/results.md` regenerates a report from the repository alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import tarfile
+import tempfile
+from pathlib import Path
+
+__all__ = ["RUN_FILES", "ARCHIVE_SUFFIXES", "is_archive", "pack", "unpacked", "main"]
+
+RUN_FILES = ("config.yaml", "metrics.jsonl", "finished.json", "train.log")
+ARCHIVE_SUFFIXES = (".tar.xz", ".tar.gz", ".tgz")
+
+
+def is_archive(path: Path) -> bool:
+    return path.is_file() and path.name.endswith(ARCHIVE_SUFFIXES)
+
+
+def _run_dirs(sweep: Path) -> list[Path]:
+    found = [p.parent for p in sweep.rglob("config.yaml")]
+    return sorted(d for d in found if not any(part.startswith(".") or part in ("checkpoints", "wandb")
+                                              for part in d.relative_to(sweep).parts))
+
+
+def pack(sweep: str | Path, out: str | Path) -> int:
+    """Write the archive of every run below `sweep`; the number of runs packed."""
+    sweep, out = Path(sweep), Path(out)
+    runs = _run_dirs(sweep)
+    if not runs:
+        raise FileNotFoundError(f"{sweep}: no run directory (a folder with a config.yaml) below it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(out, "w:xz", format=tarfile.PAX_FORMAT) as archive:
+        for run_dir in runs:
+            for name in RUN_FILES:
+                path = run_dir / name
+                if not path.is_file():
+                    continue
+                data = path.read_bytes()
+                info = tarfile.TarInfo(str(Path(sweep.name) / run_dir.relative_to(sweep) / name))
+                info.size, info.mtime, info.mode, info.uid, info.gid = len(data), 0, 0o644, 0, 0
+                archive.addfile(info, io.BytesIO(data))
+    return len(runs)
+
+
+def unpacked(archive: str | Path) -> Path:
+    """The folder the archive's runs are read from: extracted once into the temp directory,
+    under a name from the archive's content hash (a changed archive is extracted afresh)."""
+    archive = Path(archive)
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()[:16]
+    target = Path(tempfile.gettempdir()) / "a3po-logs" / f"{archive.name.split('.')[0]}-{digest}"
+    if (target / ".complete").exists():
+        return target
+    try:
+        with tarfile.open(archive) as handle:
+            handle.extractall(target, filter="data")
+    except (tarfile.TarError, EOFError, OSError) as error:
+        raise ValueError(f"{archive}: not a readable log archive ({error}); pack one with "
+                         "`python -m analysis.logs pack SWEEP_DIR OUT.tar.xz`") from None
+    (target / ".complete").touch()
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.logs", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    packing = commands.add_parser("pack", help="archive a sweep's run logs")
+    packing.add_argument("sweep", type=Path)
+    packing.add_argument("out", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        n = pack(args.sweep, args.out)
+    except FileNotFoundError as error:
+        print(f"error: {error}")
+        return 2
+    print(f"wrote {args.out}: {n} runs, {args.out.stat().st_size / 1024:.0f} KiB")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
