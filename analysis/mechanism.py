@@ -3,18 +3,8 @@ and recompute changes direction with the staleness d and the minibatches per ste
 
     python -m analysis.mechanism SWEEP_DIR... --drift-from SWEEP_DIR... --out docs/mechanism.md --figures-dir docs/mechanism
 
-The model. The clip acts on |log pi_theta - log pi_prox|, the anchor's distance from the
-current policy. On minibatch k of a step (k = 0..m-1) the current policy is k/m versions past
-the step's start and d + k/m past the behaviour policy. Recompute's anchor is the step-start
-policy; a loglinear anchor with behaviour weight w_b has log pi_theta - log pi_prox = w_b
-(log pi_theta - log pi_behave) exactly. With a mean per-token drift of c t^beta over t versions
-(the drift exponent, `analysis.drift`), the mean anchor distance of a step in units of c is
-
-    recompute:  mean_k (k/m)^beta
-    loglinear:  mean_k w_b(d, k/m) (d + k/m)^beta
-
-and the model predicts an arm clips more than recompute when its distance is over 1.25 times
-recompute's, less when under 0.8 times, and makes no call in between (`prediction`).
+The model (`analysis.anchor_model`): each anchor's mean distance from the current policy under
+a drift c t^beta, and the call it makes for each arm's clip ratio against recompute's.
 
 The report: per (d, m) the S1 rules (`analysis.claims.compare`) for the clip ratio (g'), IW
 min (f) and IW max (e), each loglinear arm against recompute, paired by seed; beta fitted on
@@ -31,9 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
-from a3po.maths.schedules import target_weight
+from analysis.anchor_model import BAND, CLIP, RECOMPUTE, agreement, anchor_distance, prediction, score
 from analysis.claims import FAILS, HOLDS
 from analysis.contrasts import code, contrast, contrast_table, provenance_table
 from analysis.drift import DriftFit, drift_points, fit_drift
@@ -42,40 +31,15 @@ from analysis.identity import DEFAULT_SCHEDULE, lookup
 from analysis.load import load_configs, load_runs
 from analysis.markdown import fmt_interval, markdown_table
 from analysis.paper_claims import CLAIMS
+from analysis.report import figures_markdown
 from analysis.scalars import run_scalars
 from analysis.stats import Interval, mean_ci
 
 __all__ = ["anchor_distance", "prediction", "arm_of", "with_minibatches", "contrast_cells", "clip_slopes",
            "score", "main"]
 
-RECOMPUTE = "recompute"
 ARMS = ("inverse", "step_start")  # the loglinear schedules S3 compares with recompute
-BAND = (0.8, 1.25)
-MORE, LESS, NO_CALL, EQUAL = "more", "less", "no call", "equal"
 JUDGED = [claim for claim in CLAIMS if claim.key in ("g'", "f", "e")]
-CLIP = "g'"
-
-
-def anchor_distance(arm: str, d: float, m: int, beta: float) -> float:
-    """A step's mean anchor distance in units of c under drift c t^beta: recompute's, or a
-    loglinear anchor's with the schedule `arm` (any registered schedule, its defaults)."""
-    if m < 1 or d <= 0 or beta <= 0:
-        raise ValueError(f"anchor_distance needs m >= 1, d > 0 and beta > 0; got m={m}, d={d}, beta={beta}")
-    positions = np.arange(m) / m
-    if arm == RECOMPUTE:
-        return float(np.mean(positions**beta))
-    # w_b = 1 - alpha at staleness d: a token of version 0 trained at version d
-    w_b = [1.0 - float(target_weight(torch.tensor([0]), d, arm, position=float(p))[0]) for p in positions]
-    return float(np.mean(np.asarray(w_b) * (d + positions) ** beta))
-
-
-def prediction(arm_distance: float, recompute_distance: float, band: tuple[float, float] = BAND) -> str:
-    """The model's call for the arm's clip ratio against recompute's: more, less, no call
-    (ratio of distances inside `band`) or equal (both anchors are the current policy)."""
-    if recompute_distance == 0:
-        return EQUAL if arm_distance == 0 else MORE
-    ratio = arm_distance / recompute_distance
-    return MORE if ratio > band[1] else LESS if ratio < band[0] else NO_CALL
 
 
 def arm_of(row: pd.Series) -> str | None:
@@ -115,33 +79,6 @@ def contrast_cells(arms: pd.DataFrame, beta: float, seeds: list[int] | None = No
             records += contrast(JUDGED, ours, base, (arm, RECOMPUTE), d=int(d), m=int(m), arm=arm, distance=distance,
                                 recompute_distance=base_distance, call=prediction(distance, base_distance))
     return pd.DataFrame(records)
-
-
-def agreement(call: str, verdict: str) -> str:
-    """A clip cell against the model: agrees (it holds in the called direction), disagrees
-    (it holds in the other), undecided, or no call. The claim's direction is "lower"."""
-    if call not in (MORE, LESS):
-        return "no call"
-    lower = {HOLDS: True, FAILS: False}.get(verdict)
-    if lower is None:
-        return "undecided"
-    return "agrees" if lower == (call == LESS) else "disagrees"
-
-
-def score(cells: pd.DataFrame, beta: float) -> tuple[str, list[dict]]:
-    """H-S3b's verdict over the clip cells under drift exponent `beta`, and each cell's row."""
-    rows = []
-    for _, cell in cells[cells["claim"] == CLIP].iterrows():
-        call = prediction(anchor_distance(cell["arm"], cell["d"], cell["m"], beta),
-                          anchor_distance(RECOMPUTE, cell["d"], cell["m"], beta))
-        rows.append({"d": cell["d"], "m": cell["m"], "arm": cell["arm"], "call": call,
-                     "verdict": cell["verdict"], "agreement": agreement(call, cell["verdict"])})
-    outcomes = [row["agreement"] for row in rows if row["agreement"] != "no call"]
-    if "disagrees" in outcomes:
-        return FAILS, rows
-    if outcomes and outcomes.count("agrees") * 2 >= len(outcomes):
-        return HOLDS, rows
-    return "inconclusive", rows
 
 
 def clip_slopes(arms: pd.DataFrame, d: int = 8) -> tuple[Interval, dict[int, float]]:
@@ -260,6 +197,38 @@ def _figure(arms: pd.DataFrame, d: int, out_dir: Path, beta: float) -> Path:
     return path
 
 
+def _command(args: argparse.Namespace) -> str:
+    return (f"python -m analysis.mechanism {' '.join(map(str, args.paths))}"
+            + (f" --drift-from {' '.join(map(str, args.drift_from))}" if args.drift_from else "")
+            + (f" --d {args.d}" if args.d != 8 else "") + (f" --across-m {args.across_m}" if args.across_m != 4 else "")
+            + f" --out {args.out} --figures-dir {args.figures_dir}")
+
+
+def _drift_text(pooled: DriftFit | None, per_m: dict[int, DriftFit], d: int) -> str:
+    if pooled is None:
+        return "no recompute run at this d logged the drift: beta = 1 assumed"
+    return (f"beta = {pooled.beta:.3f} (c = {pooled.c:.3g}, {pooled.n_points} (step, minibatch) points of the "
+            f"recompute runs at d = {d}); per m: "
+            + ", ".join(f"m = {m}: {fit.beta:.3f} ({fit.n_points} points)" for m, fit in sorted(per_m.items())))
+
+
+def _verdict_lines(at_d: pd.DataFrame, across_d: pd.DataFrame, arms: pd.DataFrame, seeds: list[int], beta: float,
+                   args: argparse.Namespace) -> list[str]:
+    slope, slopes = clip_slopes(arms[arms["seed"].isin(seeds)], args.d)
+    slope_verdict = HOLDS if slope.known and slope.high < 0 else FAILS if slope.known and slope.low > 0 \
+        else "inconclusive"
+    return ["## Pre-registered verdicts", "",
+            f"**H-S3a (the inverse - recompute clip gap falls as m grows): {slope_verdict}.** Slope of the "
+            f"per-seed difference on log2 m: {fmt_interval(slope)} over {slope.n} seeds "
+            f"({', '.join(f'seed {s}: {v:.4f}' for s, v in sorted(slopes.items()))}).", "",
+            *_score_lines(f"H-S3b (the direction follows the drift), d = {args.d}", at_d, beta),
+            *_score_lines(f"The linear-drift model, d = {args.d}", at_d, 1.0),
+            *_score_lines(f"H-S3b on the cells at {args.across_m} minibatches across d", across_d, beta),
+            *_score_lines(f"The linear-drift model at {args.across_m} minibatches across d", across_d, 1.0),
+            f"**H-S3c (step_start clips no more than recompute at every m): {_step_start_verdict(at_d)}.**", "",
+            "Nothing is corrected for multiplicity: each verdict is at level 0.05 on its own.", ""]
+
+
 def report(args: argparse.Namespace) -> list[str]:
     """The report's lines (markdown) from the parsed command line."""
     df = disambiguate(load_runs(args.paths))
@@ -272,52 +241,30 @@ def report(args: argparse.Namespace) -> list[str]:
     seeds = common_seeds(arms, args.d)
     at_d = contrast_cells(arms[arms["staleness"] == args.d], beta, seeds)
     across_d = contrast_cells(arms[arms["m"] == args.across_m], beta)
-    slope, slopes = clip_slopes(arms[arms["seed"].isin(seeds)], args.d)
-    slope_verdict = ("holds" if slope.known and slope.high < 0 else FAILS if slope.known and slope.low > 0
-                     else "inconclusive")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    command = (f"python -m analysis.mechanism {' '.join(map(str, args.paths))}"
-               + (f" --drift-from {' '.join(map(str, args.drift_from))}" if args.drift_from else "")
-               + (f" --d {args.d}" if args.d != 8 else "") + (f" --across-m {args.across_m}" if args.across_m != 4 else "")
-               + f" --out {args.out} --figures-dir {args.figures_dir}")
-    figure = _figure(arms, args.d, args.figures_dir, beta)
-    drift_text = (f"beta = {pooled.beta:.3f} (c = {pooled.c:.3g}, {pooled.n_points} (step, minibatch) points of the "
-                  f"recompute runs at d = {args.d}); per m: "
-                  + ", ".join(f"m = {m}: {fit.beta:.3f} ({fit.n_points} points)" for m, fit in sorted(per_m.items()))
-                  if pooled else "no recompute run at this d logged the drift: beta = 1 assumed")
     precision = ", ".join(sorted(df.loc[df["run"].isin(arms["run"]), "precision"].astype(str).unique()))
-    lines = ["# The mechanism: the clip-ratio difference against the minibatches per step (S3)", "",
-             f"Generated by `{command}` at {commit or 'an unknown commit'}; regenerate rather than edit. "
-             "Pre-registered in docs/study_s3.md (hypotheses, grid, rules); its deviations are listed there.", "",
-             "## Provenance", "",
-             f"- runs: {len(arms)} in the paper's setup (lagged, no correction, ppo), precision {precision}; "
-             f"experiments: {', '.join(sorted(arms['experiment'].unique()))}",
-             f"- at d = {args.d} the comparisons use the seeds every (m, arm) has: {', '.join(map(str, seeds))}", "",
-             provenance_table(arms, [("d", "staleness"), ("m", "m")]), "",
-             "## The drift and the model's calls", "",
-             f"Drift exponent: {drift_text}. With it, the mean anchor distance per step in units of c "
-             f"(`analysis.mechanism.anchor_distance`) and the model's call against recompute "
-             f"(more when the ratio > {BAND[1]}, less when < {BAND[0]}) at d = {args.d}:", "",
-             *_model_table(args.d, [1, 2, 4, 8], beta), "",
-             "Under linear drift (beta = 1) for comparison:", "", *_model_table(args.d, [1, 2, 4, 8], 1.0), "",
-             f"## Each arm against recompute at d = {args.d}", "",
-             "The S1 rules (analysis/claims.py): per-seed paired difference arm - recompute, 95% Student-t "
-             "interval; g' (clip ratio) and e (IW max) claim \"lower\", f (IW min) \"higher\", so for g' "
-             "\"holds\" means the arm clips less and \"does not hold\" that it clips more.", "",
-             *_cell_table(at_d), "",
-             f"## Across d at {args.across_m} minibatches (every seed)", "", *_cell_table(across_d), "",
-             "## Pre-registered verdicts", "",
-             f"**H-S3a (the inverse - recompute clip gap falls as m grows): {slope_verdict}.** Slope of the "
-             f"per-seed difference on log2 m: {fmt_interval(slope)} over {slope.n} seeds "
-             f"({', '.join(f'seed {s}: {v:.4f}' for s, v in sorted(slopes.items()))}).", "",
-             *_score_lines(f"H-S3b (the direction follows the drift), d = {args.d}", at_d, beta),
-             *_score_lines(f"The linear-drift model, d = {args.d}", at_d, 1.0),
-             *_score_lines(f"H-S3b on the cells at {args.across_m} minibatches across d", across_d, beta),
-             *_score_lines(f"The linear-drift model at {args.across_m} minibatches across d", across_d, 1.0),
-             f"**H-S3c (step_start clips no more than recompute at every m): {_step_start_verdict(at_d)}.**", "",
-             "Nothing is corrected for multiplicity: each verdict is at level 0.05 on its own.", "",
-             f"![mechanism]({figure.relative_to(args.out.parent) if figure.is_relative_to(args.out.parent) else figure})"]
-    return lines
+    return ["# The mechanism: the clip-ratio difference against the minibatches per step (S3)", "",
+            f"Generated by `{_command(args)}` at {commit or 'an unknown commit'}; regenerate rather than edit. "
+            "Pre-registered in docs/study_s3.md (hypotheses, grid, rules); its deviations are listed there.", "",
+            "## Provenance", "",
+            f"- runs: {len(arms)} in the paper's setup (lagged, no correction, ppo), precision {precision}; "
+            f"experiments: {', '.join(sorted(arms['experiment'].unique()))}",
+            f"- at d = {args.d} the comparisons use the seeds every (m, arm) has: {', '.join(map(str, seeds))}", "",
+            provenance_table(arms, [("d", "staleness"), ("m", "m")]), "",
+            "## The drift and the model's calls", "",
+            f"Drift exponent: {_drift_text(pooled, per_m, args.d)}. With it, the mean anchor distance per step in "
+            f"units of c (`analysis.anchor_model.anchor_distance`) and the model's call against recompute "
+            f"(more when the ratio > {BAND[1]}, less when < {BAND[0]}) at d = {args.d}:", "",
+            *_model_table(args.d, [1, 2, 4, 8], beta), "",
+            "Under linear drift (beta = 1) for comparison:", "", *_model_table(args.d, [1, 2, 4, 8], 1.0), "",
+            f"## Each arm against recompute at d = {args.d}", "",
+            "The S1 rules (analysis/claims.py): per-seed paired difference arm - recompute, 95% Student-t "
+            "interval; g' (clip ratio) and e (IW max) claim \"lower\", f (IW min) \"higher\", so for g' "
+            "\"holds\" means the arm clips less and \"does not hold\" that it clips more.", "",
+            *_cell_table(at_d), "",
+            f"## Across d at {args.across_m} minibatches (every seed)", "", *_cell_table(across_d), "",
+            *_verdict_lines(at_d, across_d, arms, seeds, beta, args),
+            "## Figure", "", figures_markdown([_figure(arms, args.d, args.figures_dir, beta)], args.out.parent)]
 
 
 def main(argv: list[str] | None = None) -> int:

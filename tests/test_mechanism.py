@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from a3po.run.main import run, run_dir_of
-from analysis.mechanism import (LESS, MORE, NO_CALL, EQUAL, agreement, anchor_distance, clip_slopes, main,
-                                prediction, score)
+from analysis.anchor_model import EQUAL, LESS, MORE, NO_CALL, agreement, anchor_distance, prediction, score
+from analysis.mechanism import clip_slopes, main
 
 
 def test_anchor_distances_by_hand():
