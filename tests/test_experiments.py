@@ -6,6 +6,7 @@ An experiment file that no test runs fails here: the set of files is globbed, no
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 from omegaconf import OmegaConf
@@ -50,7 +51,8 @@ def test_experiment_composes_with_its_grid(name):
         n_points *= len(values)
     seeds = len(params.get("seed", ["0"]))
     assert len(names) == n_points, f"{name}: two grid points share a run directory"
-    assert all(n.endswith(tuple(f"-s{s}" for s in range(seeds))) for n in names)
+    # every name carries its seed (`-s<seed>`, at the end or before an experiment's own suffix, `-m2`)
+    assert all(int(re.search(r"-s(\d+)(?:-|$)", n).group(1)) < seeds for n in names)
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
