@@ -161,10 +161,21 @@ def build_report(sources: Sequence[Path], df: pd.DataFrame, configs: Mapping[Any
     ])
 
 
+def deviations_section(study: Path) -> str:
+    """The "## Deviations" section of a pre-registration (docs/study.md), to end a report with:
+    every departure from the plan is listed in the report it affects."""
+    text = study.read_text(encoding="utf-8")
+    if "\n## Deviations" not in text:
+        raise ValueError(f"{study}: no '## Deviations' section; --deviations takes a pre-registration page")
+    body = text.split("\n## Deviations", 1)[1].partition("\n")[2].split("\n## ", 1)[0].strip()
+    return f"## Deviations from the pre-registration (`{study}`)\n\n{body}"
+
+
 def write_report(sources: Sequence[str | Path], out: str | Path, figures_dir: str | Path | None = None,
-                 command: str | None = None) -> tuple[str, list[Path]]:
-    """Load the runs below `sources`, write the figures (PNG) and the report; returns the
-    markdown and every path written."""
+                 command: str | None = None, deviations: str | Path | None = None) -> tuple[str, list[Path]]:
+    """Load the runs below `sources`, write the figures (PNG) and the report (ending with the
+    `deviations` page's Deviations section, where given); returns the markdown and every path
+    written."""
     sources = [Path(s) for s in sources]
     out = Path(out)
     figures_dir = Path(figures_dir) if figures_dir else out.parent / out.stem
@@ -175,6 +186,8 @@ def write_report(sources: Sequence[str | Path], out: str | Path, figures_dir: st
     figure_paths = make_figures(df, figures_dir, options=REPORT_FIGURES)
     command = command or "python -m analysis.report " + " ".join(str(s) for s in sources) + f" --out {out}"
     markdown = build_report(sources, df, configs, figure_paths, out, command)
+    if deviations:
+        markdown += "\n\n" + deviations_section(Path(deviations))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(markdown + "\n", encoding="utf-8")
     return markdown, [*figure_paths, out]
@@ -186,14 +199,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="markdown file (default: <first SWEEP_DIR>/results.md)")
     parser.add_argument("--figures-dir", type=Path, default=None,
                         help="where the PNGs go (default: beside --out, named after it: docs/results.md -> docs/results)")
+    parser.add_argument("--deviations", type=Path, default=None,
+                        help="a pre-registration page (docs/study.md) whose Deviations section ends the report")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     out = args.out or args.sweep_dirs[0] / "results.md"
     shown = " ".join(str(s) for s in args.sweep_dirs) + f" --out {out}"
     if args.figures_dir:
         shown += f" --figures-dir {args.figures_dir}"
+    if args.deviations:
+        shown += f" --deviations {args.deviations}"
+        try:
+            deviations_section(args.deviations)  # a missing page or section fails before any loading
+        except (ValueError, OSError) as error:
+            print(f"error: --deviations: {error}", file=sys.stderr)
+            return 2
     try:
-        _, written = write_report(args.sweep_dirs, out, args.figures_dir, command=f"python -m analysis.report {shown}")
+        _, written = write_report(args.sweep_dirs, out, args.figures_dir, command=f"python -m analysis.report {shown}",
+                                  deviations=args.deviations)
     except NoRunsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -179,6 +179,22 @@ def test_report_skips_unreadable_runs_and_says_how_many(claims_sweep, tmp_path, 
     assert "files written:" in capsys.readouterr().out
 
 
+def test_a_report_ends_with_its_preregistrations_deviations(claims_sweep, tmp_path, capsys):
+    study = tmp_path / "study.md"
+    study.write_text("# Plan\n\n## Hypotheses\n\nH1.\n\n## Deviations\n\n- 22:07 UTC: started late.\n- 23:10: resumed.\n")
+    out = tmp_path / "results.md"
+    assert report.main([str(claims_sweep), "--out", str(out), "--deviations", str(study)]) == 0
+    text = out.read_text()
+    assert text.rstrip().endswith("## Deviations from the pre-registration (`%s`)\n\n- 22:07 UTC: started late.\n"
+                                  "- 23:10: resumed." % study)
+    assert f"--deviations {study}`" in text  # the regenerate command is the one that ran
+    no_section = tmp_path / "plain.md"
+    no_section.write_text("# Nothing registered\n")
+    assert report.main([str(claims_sweep), "--out", str(out), "--deviations", str(no_section)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: --deviations: {no_section}: no '## Deviations' section" in err
+
+
 def test_report_without_recompute_says_so(claims_sweep, tmp_path):
     markdown, _ = report.write_report([claims_sweep / "loglinear-d2-s0"], tmp_path / "r.md")
     assert "No context has both loglinear and recompute runs" in markdown
