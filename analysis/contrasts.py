@@ -7,13 +7,16 @@ needed beside each verdict. Used by the alpha-schedule (S2), mechanism (S3) and 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pandas as pd
 
 from analysis.claims import FAILS, HOLDS, Claim, compare
 from analysis.markdown import fmt, markdown_table
+from analysis.report import deviations_section
 
-__all__ = ["code", "contrast", "contrast_table", "direction_word", "provenance_table"]
+__all__ = ["code", "contrast", "contrast_table", "direction_word", "provenance_table", "write_study_report",
+           "deviations_flag"]
 
 
 def contrast(claims: Sequence[Claim], ours: pd.DataFrame, base: pd.DataFrame, names: tuple[str, str],
@@ -65,3 +68,27 @@ def provenance_table(frame: pd.DataFrame, keys: Sequence[tuple[str, str]], label
     seeds = frame.groupby([column for _, column in keys] + [label])["seed"].agg(lambda s: ", ".join(map(str, sorted(s))))
     rows = [[*map(str, key[:-1]), f"`{key[-1]}`", value] for key, value in seeds.items()]
     return markdown_table([header for header, _ in keys] + [label, "seeds"], rows, numeric_from=len(keys) + 2)
+
+
+def write_study_report(parser, report: Callable, argv: list[str] | None) -> int:
+    """The study reports' command line: `report(args)` -> markdown lines, written to `--out`,
+    ending with `--deviations PAGE`'s Deviations section where given (checked before any
+    loading: a missing page or section exits 2 naming it)."""
+    parser.add_argument("--deviations", type=Path, default=None,
+                        help="the study's pre-registration page, whose Deviations section ends the report")
+    args = parser.parse_args(argv)
+    try:
+        ending = ["", deviations_section(args.deviations)] if args.deviations else []
+    except (ValueError, OSError) as error:
+        print(f"error: --deviations: {error}")
+        return 2
+    lines = report(args) + ending
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def deviations_flag(args) -> str:
+    """` --deviations PAGE` for a regenerate command, or ''."""
+    return f" --deviations {args.deviations}" if getattr(args, "deviations", None) else ""

@@ -24,7 +24,7 @@ import pandas as pd
 
 from analysis.anchor_model import BAND, CLIP, RECOMPUTE, agreement, anchor_distance, prediction, score
 from analysis.claims import FAILS, HOLDS
-from analysis.contrasts import code, contrast, contrast_table, provenance_table
+from analysis.contrasts import code, contrast, contrast_table, provenance_table, deviations_flag, write_study_report
 from analysis.drift import DriftFit, drift_points, fit_drift
 from analysis.frame import disambiguate
 from analysis.identity import DEFAULT_SCHEDULE, lookup
@@ -201,7 +201,7 @@ def _command(args: argparse.Namespace) -> str:
     return (f"python -m analysis.mechanism {' '.join(map(str, args.paths))}"
             + (f" --drift-from {' '.join(map(str, args.drift_from))}" if args.drift_from else "")
             + (f" --d {args.d}" if args.d != 8 else "") + (f" --across-m {args.across_m}" if args.across_m != 4 else "")
-            + f" --out {args.out} --figures-dir {args.figures_dir}")
+            + f" --out {args.out} --figures-dir {args.figures_dir}" + deviations_flag(args))
 
 
 def _drift_text(pooled: DriftFit | None, per_m: dict[int, DriftFit], d: int) -> str:
@@ -275,12 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--across-m", type=int, default=4, help="the minibatch count the staleness levels are compared at")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--figures-dir", type=Path, required=True)
-    args = parser.parse_args(argv)
-    lines = report(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out}")
-    return 0
+    return write_study_report(parser, report, argv)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import pandas as pd
 from analysis.approx_quality import _markdown as fidelity_markdown
 from analysis.approx_quality import s2_verdicts, schedule_table
 from analysis.claims import FAILS, HOLDS, Claim
-from analysis.contrasts import code, contrast, contrast_table, provenance_table
+from analysis.contrasts import code, contrast, contrast_table, provenance_table, deviations_flag, write_study_report
 from analysis.frame import disambiguate
 from analysis.identity import DEFAULT_SCHEDULE
 from analysis.load import load_configs, load_runs
@@ -173,7 +173,7 @@ def report(args: argparse.Namespace) -> list[str]:
     command = (f"python -m analysis.schedules {' '.join(map(str, args.paths))}"
                + (f" --fidelity-from {' '.join(map(str, args.fidelity_from))}" if args.fidelity_from else "")
                + (f" --seeds {','.join(map(str, args.seeds))}" if args.seeds is not None else "")
-               + f" --out {args.out} --figures-dir {args.figures_dir}")
+               + f" --out {args.out} --figures-dir {args.figures_dir}" + deviations_flag(args))
     figure = _figure(arms, args.figures_dir)
     used = scalars[scalars["run"].isin(arms["run"]) & scalars["experiment"].isin(arms["experiment"])]
     lines = ["# The alpha-schedule ablation (S2)", "",
@@ -222,12 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=_seeds, default=None, help="compare on these seeds only (default: all)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--figures-dir", type=Path, required=True)
-    args = parser.parse_args(argv)
-    lines = report(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out}")
-    return 0
+    return write_study_report(parser, report, argv)
 
 
 if __name__ == "__main__":

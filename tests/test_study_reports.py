@@ -4,6 +4,8 @@ real tiny-model runs (slow)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -84,6 +86,32 @@ def test_the_corrections_hypotheses_by_their_rule():
     assert set(table["claim"]) == {c.key for c in BY_KEY.values()}
     ess = table[(table["correction"] == "m2po0.04") & (table["claim"] == "ess")].iloc[0]
     assert direction_word(ess) == "higher"
+
+
+def test_a_study_report_ends_with_its_deviations_or_fails_at_start(tmp_path, capsys):
+    import argparse
+
+    from analysis.contrasts import deviations_flag, write_study_report
+
+    page = tmp_path / "study_s9.md"
+    page.write_text("# S9\n\n## Deviations\n\n- none yet, but this line.\n")
+    loaded = []
+
+    def report(args):
+        loaded.append(True)
+        return ["# S9 report", f"command: --out {args.out}{deviations_flag(args)}"]
+
+    def parser():
+        made = argparse.ArgumentParser()
+        made.add_argument("--out", type=Path, required=True)
+        return made
+
+    out = tmp_path / "s9.md"
+    assert write_study_report(parser(), report, ["--out", str(out), "--deviations", str(page)]) == 0
+    assert out.read_text() == (f"# S9 report\ncommand: --out {out} --deviations {page}\n\n"
+                               f"## Deviations from the pre-registration (`{page}`)\n\n- none yet, but this line.\n")
+    assert write_study_report(parser(), report, ["--out", str(out), "--deviations", str(tmp_path / "nope.md")]) == 2
+    assert "error: --deviations: " in capsys.readouterr().out and len(loaded) == 1  # nothing loaded the second time
 
 
 @pytest.mark.slow
