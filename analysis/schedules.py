@@ -104,16 +104,19 @@ def ranking(versus_recompute: pd.DataFrame, arms: pd.DataFrame) -> tuple[pd.Data
 
 
 def h_s2b(versus_recompute: pd.DataFrame, d: int) -> str:
-    """step_start's clip verdict against recompute is "holds" or inconclusive while inverse's is
-    "does not hold", at d."""
+    """docs/study_s2.md's rule at d: holds when step_start's clip verdict against recompute is
+    "holds" or inconclusive while inverse's is "does not hold" (inverse clips more); does not
+    hold when step_start clips more than recompute; otherwise its premise is not met."""
     clip = versus_recompute[(versus_recompute["claim"] == CLIP.key) & (versus_recompute["d"] == d)]
     verdicts = dict(zip(clip["arm"], clip["verdict"]))
-    if "step_start" not in verdicts or PAPERS not in verdicts:
-        return "not judged (step_start or inverse has no runs)"
-    step_start_ok = verdicts["step_start"] == HOLDS or verdicts["step_start"].startswith("inconclusive")
-    return HOLDS if step_start_ok and verdicts[PAPERS] == FAILS else FAILS if not step_start_ok else (
-        f"not met as registered: step_start's g' is \"{verdicts['step_start']}\" but inverse's is "
-        f"\"{verdicts[PAPERS]}\", not \"does not hold\"")
+    step_start, inverse = verdicts.get("step_start", ""), verdicts.get(PAPERS, "")
+    if not step_start or not inverse or step_start.startswith("not judged") or inverse.startswith("not judged"):
+        return "not judged (step_start or inverse has no clip verdict)"
+    if step_start == FAILS:
+        return FAILS
+    if inverse == FAILS:
+        return HOLDS
+    return f"not met as registered: inverse's g' is \"{inverse}\", not \"does not hold\""
 
 
 def _matrix_lines(matrix: pd.DataFrame, d: int, order: list[str]) -> list[str]:
