@@ -205,6 +205,7 @@ def compare(claim: Claim, ours_rows: pd.DataFrame, base_rows: pd.DataFrame,
                   samples=samples, **extra)
     return record
 
+
 def context_title(rows: pd.DataFrame) -> str:
     """`d = 4`, plus whatever else sets this context apart from the paper's setup."""
     return ", ".join([f"d = {rows.iloc[0]['staleness']}", *_setting(rows)])
