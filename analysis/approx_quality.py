@@ -24,7 +24,8 @@ from analysis.figures_panels import approx_error
 from analysis.load import load_runs
 from analysis.stats import mean_ci
 
-__all__ = ["schedule_table", "stratum_table", "gradient_table", "hybrid_rows", "s2_verdicts", "main"]
+__all__ = ["schedule_table", "schedule_markdown", "stratum_table", "gradient_table", "hybrid_rows", "s2_verdicts",
+           "main"]
 
 KINDS = {"logp_abs": "log-prob error", "clip_flip": "clip flips"}
 
@@ -147,7 +148,7 @@ def _extra_sections(df: pd.DataFrame) -> list[str]:
     return lines
 
 
-def _markdown(table: pd.DataFrame) -> list[str]:
+def schedule_markdown(table: pd.DataFrame) -> list[str]:
     columns = [(kind, d) for kind in KINDS for d in sorted(table[kind].columns)]
     head = "| schedule | " + " | ".join(f"{KINDS[kind]}, d = {d}" for kind, d in columns) + " |"
     rows = [f"| `{name}` | " + " | ".join(f"{100 * row[c]:.1f}%" if c[0] == "clip_flip" else f"{row[c]:.3f}"
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
              f"Runs: {df['run'].nunique()} (d = {', '.join(map(str, sorted(df['staleness'].unique())))}; seeds "
              f"{', '.join(map(str, seeds))}; precision {', '.join(sorted(df['precision'].astype(str).unique()))}). "
              "Each value: a run's mean over its steps >= d, then the mean over seeds; sorted by the error at the "
-             "largest d.", "", *_markdown(schedule_table(base)), "",
+             "largest d.", "", *schedule_markdown(schedule_table(base)), "",
              f"Drift: mean |logp - behave_logp| = {fit.c:.3g} * (d + k/m)^{fit.beta:.3f} "
              f"(`python -m analysis.drift`, least squares on the logs over {fit.n_points} (step, minibatch) points; "
              "beta = 1 is linear drift, 0.5 diffusive).", "", *s2_verdicts(base), *_extra_sections(df)]

@@ -26,8 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.approx_quality import _markdown as fidelity_markdown
-from analysis.approx_quality import s2_verdicts, schedule_table
+from analysis.approx_quality import s2_verdicts, schedule_markdown, schedule_table
 from analysis.claims import FAILS, HOLDS, Claim
 from analysis.contrasts import code, contrast, contrast_table, provenance_table, deviations_flag, write_study_report
 from analysis.frame import disambiguate
@@ -161,7 +160,7 @@ def _fidelity_lines(paths: list[str]) -> list[str]:
     return ["Each value: a recompute run's mean over its steps >= d of the schedule's anchor error against "
             "recompute's on the same batches, then the mean over seeds (`python -m analysis.approx_quality` "
             "has the strata, the gradient agreement and the figure).", "",
-            *fidelity_markdown(schedule_table(base)), "", *s2_verdicts(base)]
+            *schedule_markdown(schedule_table(base)), "", *s2_verdicts(base)]
 
 
 def report(args: argparse.Namespace) -> list[str]:
