@@ -47,17 +47,20 @@ def fit_drift(distance: np.ndarray, drift: np.ndarray) -> DriftFit:
 
 
 def drift_points(df: pd.DataFrame) -> pd.DataFrame:
-    """(run, step, distance = staleness/mean + k/m, drift) for every logged minibatch of every step."""
+    """(experiment, run, step, distance = staleness/mean + k/m, drift) for every logged minibatch
+    of every step; runs are told apart by (experiment, run), so two sweeps' `recompute-d8-s0`
+    never mix."""
+    key = ["experiment", "run"] if "experiment" in df.columns else ["run"]
+    columns = [*key, "step", "distance", "drift"]
     drift = df[df["metric"].str.startswith(PREFIX)].copy()
     if drift.empty:
-        return pd.DataFrame(columns=["run", "step", "distance", "drift"])
+        return pd.DataFrame(columns=columns)
     drift["k"] = drift["metric"].str.removeprefix(PREFIX).astype(int)
-    m = drift.groupby(["run", "step"])["k"].transform("max") + 1
-    staleness = df[df["metric"] == "staleness/mean"].set_index(["run", "step"])["value"]
-    d = staleness.reindex(pd.MultiIndex.from_frame(drift[["run", "step"]])).to_numpy()
+    m = drift.groupby([*key, "step"])["k"].transform("max") + 1
+    staleness = df[df["metric"] == "staleness/mean"].set_index([*key, "step"])["value"]
+    d = staleness.reindex(pd.MultiIndex.from_frame(drift[[*key, "step"]])).to_numpy()
     drift["distance"] = d + drift["k"].to_numpy() / m.to_numpy()
-    return drift.rename(columns={"value": "drift"})[["run", "step", "distance", "drift"]].reset_index(drop=True)
-
+    return drift.rename(columns={"value": "drift"})[columns].reset_index(drop=True)
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -111,8 +111,8 @@ def drift_fits(df: pd.DataFrame, configs: dict, d: int = 8) -> tuple[DriftFit | 
     points = drift_points(runs)
     if points.empty:
         return None, {}
-    experiment = runs.drop_duplicates("run").set_index("run")["experiment"]
-    points["m"] = [int(lookup(configs.get((experiment[r], r), {}), "train.n_minibatches", -1)) for r in points["run"]]
+    points["m"] = [int(lookup(configs.get((e, r), {}), "train.n_minibatches", -1))
+                   for e, r in zip(points["experiment"], points["run"])]
     pooled = fit_drift(points["distance"].to_numpy(), points["drift"].to_numpy())
     per_m = {}
     for m, part in points.groupby("m"):
