@@ -29,7 +29,7 @@ def contrast(claims: Sequence[Claim], ours: pd.DataFrame, base: pd.DataFrame, na
 def direction_word(record: dict) -> str:
     """The verdict as a direction for a descriptive cell: `higher` / `lower` when the interval
     excludes 0 on that side, `no difference shown` otherwise (the claim's sign says which side
-    "holds" is on)."""
+    "holds" is on). For direction claims only: an equivalence claim's "holds" is no direction."""
     verdict = record["verdict"]
     if verdict not in (HOLDS, FAILS):
         return "no difference shown" if verdict.startswith("inconclusive") else verdict
