@@ -12,11 +12,28 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.claims import FAILS, HOLDS, Claim, compare
+from analysis.identity import DEFAULT_SCHEDULE
 from analysis.markdown import fmt, markdown_table
 from analysis.report import deviations_section
 
-__all__ = ["code", "contrast", "contrast_table", "direction_word", "provenance_table", "write_study_report",
+__all__ = ["code", "schedule_arm", "contrast", "contrast_table", "direction_word", "provenance_table", "write_study_report",
            "deviations_flag"]
+
+
+def schedule_arm(row: pd.Series) -> str | None:
+    """A run's arm in the paper's setup (lagged, no correction, ppo): `recompute`, the loglinear
+    schedule's label (`inverse`, `exponential0.5`; runs logged before the record have none and
+    ran `inverse`), or `behave` for coupled (its anchor is the behaviour policy, bit for bit);
+    None for any other run."""
+    if row["runtime"] != "lagged" or row["correction"] != "none" or row["objective"] != "ppo":
+        return None
+    if row["algo"] == "recompute":
+        return "recompute"
+    if row["algo"] == "coupled":
+        return "behave"
+    if row["algo"] == "loglinear":
+        return row["schedule"] or DEFAULT_SCHEDULE
+    return None
 
 
 def contrast(claims: Sequence[Claim], ours: pd.DataFrame, base: pd.DataFrame, names: tuple[str, str],

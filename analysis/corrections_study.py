@@ -24,8 +24,7 @@ from analysis.contrasts import code, contrast, contrast_table, provenance_table,
 from analysis.figures_corrections import corrections_panel
 from analysis.frame import disambiguate
 from analysis.load import load_configs, load_runs
-from analysis.plotting import SaveOptions
-from analysis.report import figures_markdown, provenance
+from analysis.report import REPORT_FIGURES, figures_markdown, provenance
 from analysis.scalars import run_scalars
 
 __all__ = ["METRICS", "HYPOTHESES", "correction_arms", "versus_none", "hypothesis_verdict", "main"]
@@ -140,7 +139,7 @@ def report(args: argparse.Namespace) -> list[str]:
     arms = correction_arms(scalars)
     table = versus_none(arms)
     figures = corrections_panel(df[df["run"].isin(arms["run"])], args.figures_dir,
-                                options=SaveOptions(formats=("png",), dpi=80))
+                                options=REPORT_FIGURES)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     command = (f"python -m analysis.corrections_study {' '.join(map(str, args.paths))} --out {args.out} "
                f"--figures-dir {args.figures_dir}" + deviations_flag(args))

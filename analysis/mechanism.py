@@ -21,43 +21,33 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.figure import Figure
 
 from analysis.anchor_model import BAND, CLIP, RECOMPUTE, agreement, anchor_distance, prediction, score
 from analysis.claims import FAILS, HOLDS
-from analysis.contrasts import code, contrast, contrast_table, provenance_table, deviations_flag, write_study_report
+from analysis.contrasts import code, schedule_arm, contrast, contrast_table, provenance_table, deviations_flag, write_study_report
 from analysis.drift import DriftFit, drift_points, fit_drift
 from analysis.frame import disambiguate
-from analysis.identity import DEFAULT_SCHEDULE, lookup
+from analysis.identity import lookup
 from analysis.load import load_configs, load_runs
 from analysis.markdown import fmt_interval, markdown_table
 from analysis.paper_claims import CLAIMS
-from analysis.report import figures_markdown
+from analysis.plotting import interval_errorbar, save
+from analysis.report import REPORT_FIGURES, figures_markdown
 from analysis.scalars import run_scalars
 from analysis.stats import Interval, mean_ci
 
-__all__ = ["anchor_distance", "prediction", "arm_of", "with_minibatches", "contrast_cells", "clip_slopes",
+__all__ = ["anchor_distance", "prediction", "with_minibatches", "contrast_cells", "clip_slopes",
            "score", "main"]
 
 ARMS = ("inverse", "step_start")  # the loglinear schedules S3 compares with recompute
 JUDGED = [claim for claim in CLAIMS if claim.key in ("g'", "f", "e")]
 
 
-def arm_of(row: pd.Series) -> str | None:
-    """`recompute`, or the loglinear schedule, for a run in the paper's setup (lagged, no
-    correction, ppo); None for any other run."""
-    if row["runtime"] != "lagged" or row["correction"] != "none" or row["objective"] != "ppo":
-        return None
-    if row["algo"] == RECOMPUTE:
-        return RECOMPUTE
-    schedule = row["schedule"] or DEFAULT_SCHEDULE  # runs logged before the record name none
-    if row["algo"] == "loglinear" and schedule in ARMS:
-        return schedule
-    return None
-
-
 def with_minibatches(scalars: pd.DataFrame, configs: dict) -> pd.DataFrame:
     """The scalars of the S3 arms with their `arm` and minibatch count `m` (train.n_minibatches)."""
-    out = scalars.assign(arm=[arm_of(row) for _, row in scalars.iterrows()])
+    arms = [schedule_arm(row) for _, row in scalars.iterrows()]
+    out = scalars.assign(arm=[arm if arm in (RECOMPUTE, *ARMS) else None for arm in arms])
     out["m"] = [int(lookup(configs.get((e, r), {}), "train.n_minibatches", -1)) for e, r in
                 zip(out["experiment"], out["run"])]
     return out[out["arm"].notna() & (out["m"] > 0)].reset_index(drop=True)
@@ -164,23 +154,19 @@ def _step_start_verdict(cells: pd.DataFrame) -> str:
     return FAILS if (clip["verdict"] == FAILS).any() else HOLDS
 
 
-def _figure(arms: pd.DataFrame, d: int, out_dir: Path, beta: float) -> Path:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def _figure(arms: pd.DataFrame, d: int, out_dir: Path, beta: float) -> list[Path]:
+    """Measured clip ratio per m (seed mean, 95% t interval) beside the model's anchor distances."""
     cell = arms[arms["staleness"] == d]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), layout="constrained")
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    grid = [1, 2, 4, 8]
     for arm, colour in ((RECOMPUTE, "tab:blue"), ("inverse", "tab:orange"), ("step_start", "tab:green")):
         runs = cell[cell["arm"] == arm]
         if runs.empty:
             continue
-        stats = [(m, mean_ci(list(group["clip_ratio"]))) for m, group in runs.groupby("m")]
-        counts = [m for m, _ in stats]
-        left.errorbar(counts, [i.mean for _, i in stats], yerr=[[i.mean - i.low if i.known else 0 for _, i in stats],
-                      [i.high - i.mean if i.known else 0 for _, i in stats]], marker="o", capsize=3, color=colour,
-                      label=arm)
-        grid = [1, 2, 4, 8]
+        by_m = runs.groupby("m")["clip_ratio"]
+        interval_errorbar(left, list(by_m.groups), [mean_ci(list(v)) for _, v in by_m], marker="o", color=colour,
+                          label=arm)
         right.plot(grid, [anchor_distance(arm, d, m, beta) for m in grid], marker="o", color=colour, label=arm)
     for ax in (left, right):
         ax.set_xscale("log", base=2)
@@ -190,11 +176,7 @@ def _figure(arms: pd.DataFrame, d: int, out_dir: Path, beta: float) -> Path:
     left.legend(frameon=False)
     left.set_title(f"measured, d = {d}")
     right.set_title(f"predicted, d = {d}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "mechanism.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, cell[["staleness", "m", "arm", "seed", "clip_ratio"]], out_dir, "mechanism", REPORT_FIGURES)
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -264,7 +246,7 @@ def report(args: argparse.Namespace) -> list[str]:
             *_cell_table(at_d), "",
             f"## Across d at {args.across_m} minibatches (every seed)", "", *_cell_table(across_d), "",
             *_verdict_lines(at_d, across_d, arms, seeds, beta, args),
-            "## Figure", "", figures_markdown([_figure(arms, args.d, args.figures_dir, beta)], args.out.parent)]
+            "## Figure", "", figures_markdown(_figure(arms, args.d, args.figures_dir, beta), args.out.parent)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -165,6 +165,15 @@ def band(ax, x, mean, low, high, name: str, colours: Palette, n_points: int) -> 
         ax.fill_between(x, low, high, color=colours[name], alpha=0.18, linewidth=0)
 
 
+def interval_errorbar(ax, x, intervals, **style) -> None:
+    """Seed means with their 95% intervals (analysis.stats.Interval) as error bars; an
+    interval that is not known (one seed) draws no bar."""
+    means = [i.mean for i in intervals]
+    below = [i.mean - i.low if i.known else 0.0 for i in intervals]
+    above = [i.high - i.mean if i.known else 0.0 for i in intervals]
+    ax.errorbar(x, means, yerr=[below, above], capsize=3, **style)
+
+
 def missing(df: pd.DataFrame, metrics: Sequence[str], name: str) -> bool:
     absent = [metric for metric in metrics if not (df["metric"] == metric).any()]
     if absent:

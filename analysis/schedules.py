@@ -25,19 +25,21 @@ import subprocess
 from pathlib import Path
 
 import pandas as pd
+from matplotlib.figure import Figure
 
 from analysis.approx_quality import s2_verdicts, schedule_markdown, schedule_table
 from analysis.claims import FAILS, HOLDS, Claim
-from analysis.contrasts import code, contrast, contrast_table, provenance_table, deviations_flag, write_study_report
+from analysis.contrasts import code, schedule_arm, contrast, contrast_table, provenance_table, deviations_flag, write_study_report
 from analysis.frame import disambiguate
 from analysis.identity import DEFAULT_SCHEDULE
 from analysis.load import load_configs, load_runs
 from analysis.paper_claims import CLAIMS
-from analysis.report import figures_markdown, provenance
+from analysis.plotting import interval_errorbar, save
+from analysis.report import REPORT_FIGURES, figures_markdown, provenance
 from analysis.scalars import run_scalars
 from analysis.stats import mean_ci
 
-__all__ = ["arm_of", "schedule_arms", "against", "ranking", "h_s2b", "main"]
+__all__ = ["schedule_arms", "against", "ranking", "h_s2b", "main"]
 
 RECOMPUTE, PAPERS = "recompute", DEFAULT_SCHEDULE
 TRAINING = [claim for claim in CLAIMS if claim.key in ("c", "d", "e", "f", "g", "g'")]
@@ -46,23 +48,9 @@ REWARD_HIGHER = Claim("r", "final reward: higher (mean reward/mean of the last 1
                       "difference", +1, "difference", "-")
 
 
-def arm_of(row: pd.Series) -> str | None:
-    """`recompute`, the loglinear schedule's label (`inverse`, `exponential0.5`), or `behave` for
-    coupled, for a lagged run without correction under ppo; None otherwise."""
-    if row["runtime"] != "lagged" or row["correction"] != "none" or row["objective"] != "ppo":
-        return None
-    if row["algo"] == RECOMPUTE:
-        return RECOMPUTE
-    if row["algo"] == "coupled":
-        return "behave"
-    if row["algo"] == "loglinear":
-        return row["schedule"] or PAPERS
-    return None
-
-
 def schedule_arms(scalars: pd.DataFrame, seeds: list[int] | None) -> pd.DataFrame:
     """The scalars of every arm (column `arm`) on the given seeds (all where None)."""
-    out = scalars.assign(arm=[arm_of(row) for _, row in scalars.iterrows()])
+    out = scalars.assign(arm=[schedule_arm(row) for _, row in scalars.iterrows()])
     out = out[out["arm"].notna()]
     return (out[out["seed"].isin(seeds)] if seeds is not None else out).reset_index(drop=True)
 
@@ -126,30 +114,22 @@ def _matrix_lines(matrix: pd.DataFrame, d: int, order: list[str]) -> list[str]:
     return [head, "|---|" + ":-:|" * len(order), *rows]
 
 
-def _figure(arms: pd.DataFrame, out_dir: Path) -> Path:
+def _figure(arms: pd.DataFrame, out_dir: Path) -> list[Path]:
     """Per d, each arm's clip ratio and final reward: seed mean and 95% t interval."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     levels = sorted(arms["staleness"].unique())
-    fig, axes = plt.subplots(len(levels), 2, figsize=(11, 3.2 * len(levels)), layout="constrained", squeeze=False)
+    fig = Figure(figsize=(11, 3.2 * len(levels)), layout="constrained")
+    axes = fig.subplots(len(levels), 2, squeeze=False)
     for row, d in zip(axes, levels):
         cell = arms[arms["staleness"] == d]
         order = [RECOMPUTE, *_order(cell)]
         for ax, column, title in ((row[0], "clip_ratio", "clip ratio (steps >= d)"),
                                   (row[1], "final_reward", "final reward (last 10% of steps)")):
-            stats = [mean_ci(list(cell.loc[cell["arm"] == arm, column])) for arm in order]
-            ax.errorbar(range(len(order)), [i.mean for i in stats], fmt="o", capsize=3,
-                        yerr=[[i.mean - i.low if i.known else 0 for i in stats],
-                              [i.high - i.mean if i.known else 0 for i in stats]])
+            interval_errorbar(ax, range(len(order)), [mean_ci(list(cell.loc[cell["arm"] == a, column])) for a in order],
+                              fmt="o")
             ax.set_xticks(range(len(order)), order, rotation=30, ha="right")
             ax.set_title(f"{title}, d = {d}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "alpha_schedules.png"
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    data = arms[["staleness", "arm", "seed", "clip_ratio", "final_reward"]]
+    return save(fig, data, out_dir, "alpha_schedules", REPORT_FIGURES)
 
 
 def _fidelity_lines(paths: list[str]) -> list[str]:
@@ -176,7 +156,7 @@ def report(args: argparse.Namespace) -> list[str]:
                + (f" --fidelity-from {' '.join(map(str, args.fidelity_from))}" if args.fidelity_from else "")
                + (f" --seeds {','.join(map(str, args.seeds))}" if args.seeds is not None else "")
                + f" --out {args.out} --figures-dir {args.figures_dir}" + deviations_flag(args))
-    figure = _figure(arms, args.figures_dir)
+    figures = _figure(arms, args.figures_dir)
     used = scalars[scalars["run"].isin(arms["run"]) & scalars["experiment"].isin(arms["experiment"])]
     lines = ["# The alpha-schedule ablation (S2)", "",
              f"Generated by `{command}` at {commit or 'an unknown commit'}; regenerate rather than edit. "
@@ -205,7 +185,7 @@ def report(args: argparse.Namespace) -> list[str]:
               "reward (\"holds\" = higher).", "",
               contrast_table(versus_papers, [("d", "d"), ("schedule", code("arm"))], effect="schedule - inverse"), "",
               "Nothing is corrected for multiplicity: each verdict is at level 0.05 on its own, so among this many "
-              "a few can come from noise alone.", "", "## Figure", "", figures_markdown([figure], args.out.parent)]
+              "a few can come from noise alone.", "", "## Figure", "", figures_markdown(figures, args.out.parent)]
     return lines
 
 
