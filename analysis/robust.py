@@ -1,6 +1,8 @@
 """Robust statistics over seeds, after Agarwal et al. (2021), "Deep Reinforcement Learning
 at the Edge of the Statistical Precipice" (NeurIPS; the rliable library), written with
-numpy and scipy.stats rather than depending on rliable:
+numpy and scipy.stats, because rliable 1.2.0 cannot import under the suite's pandas 3 (its
+arch < 8 pin); rliable runs beside it in the `rliable` extra's environment, where
+tests/test_against_rliable.py checks every statistic here against rliable's own:
 
 - interquartile mean (IQM): the mean of the middle 50% of the values
   (`scipy.stats.trim_mean` with 25% cut from each end, as rliable does): one outlying seed

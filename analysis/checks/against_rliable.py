@@ -1,11 +1,11 @@
-"""Cross-check analysis.robust against rliable itself (Agarwal et al. 2021), run by hand in an
-environment that has rliable; the suite does not depend on it (README, "Statistics").
+"""Cross-check analysis.robust against rliable itself (Agarwal et al. 2021), in the environment
+of pyproject's `rliable` extra (README, "Statistics"); tests/test_against_rliable.py runs it:
 
-    python -m venv /tmp/rl && /tmp/rl/bin/pip install rliable "pandas<3"
-    PYTHONPATH=. /tmp/rl/bin/python analysis/checks/against_rliable.py
+    make setup-rliable
+    PYTHONPATH=. .venv-rliable/bin/python analysis/checks/against_rliable.py
 
 rliable 1.2.0 imports `arch`, whose 7.2 release fails to import under pandas 3 (the suite's
-pandas), hence the pin in that environment only. Prints each statistic from both libraries
+pandas), hence an environment of its own with pandas < 3. Prints each statistic from both libraries
 on random scores shaped as the claims report uses them (runs x cells), and exits 1 on a
 difference beyond float rounding (point values) or beyond bootstrap noise (interval ends).
 """
