@@ -79,13 +79,14 @@ METRICS: tuple[Metric, ...] = (
     *_family("trainer", "token_mean", "off-policy diagnostics of w, per micro-batch (a3po.maths.diagnostics)",
              "offpolicy/ess_token", "offpolicy/ess_seq", "offpolicy/chi2_token", "offpolicy/kl_k1", "offpolicy/kl_k3"),
     Metric("prox_error/<label>/<error>/<stratum>", "trainer", "token_mean",
-           "train.log_prox_errors: logp_abs and clip_flip of each loglinear anchor over the tokens of minibatch k (k<k>) "
+           "train.log_prox_errors: logp_abs, clip_flip and clip_rate of each loglinear anchor (and clip_rate of the "
+           "recomputed one, label recompute) over the tokens of minibatch k (k<k>) "
            "and of each entropy tercile of a micro-batch's valid tokens (H1 lowest, H3 highest)"),
     Metric("grad_fidelity/<label>/<stat>", "trainer", "max",
            "train.grad_fidelity_every: cosine (cos) and norm ratio (norm_ratio) of the policy gradient with each loglinear "
            "anchor against the one with the recomputed anchor, on the first micro-batch of a due step's last minibatch"),
     Metric("prox_error/<label>/<error>", "trainer", "token_mean",
-           "train.log_prox_errors: abs(approximation - recompute) (logp_abs, iw_abs, bw_abs) and the flip rates of the loss's clip and keep decisions (clip_flip, keep_flip), per schedule (and -linear)"),
+           "train.log_prox_errors: abs(approximation - recompute) (logp_abs, iw_abs, bw_abs), the flip rates of the loss's clip and keep decisions (clip_flip, keep_flip) and the share of tokens each anchor would clip or keep on the same batch (clip_rate, keep_rate), per schedule (and -linear; the recomputed anchor's own rates under the label recompute)"),
     Metric("hybrid/recomputed", "trainer", "max", "algo=hybrid: 1 on a step trained against recompute's anchor, else 0"),
     Metric("hybrid/drift_ess", "trainer", "max",
            "algo=hybrid with min_ess: the token ESS of pi_theta / pi_behave on the step's first micro-batch at its start"),

@@ -160,7 +160,11 @@ def test_a_run_logs_strata_and_gradient_fidelity_on_due_steps_outside_time_step(
     records = read_metrics(run_dir_of(cfg) / "metrics.jsonl")
     for r in records:
         assert {"prox_error/inverse/logp_abs/k0", "prox_error/inverse/logp_abs/k1", "prox_error/step_start/clip_flip/H3",
-                "prox_error/fitted/logp_abs", "prox_error/fitted/logp_abs/H1"} <= set(r)
+                "prox_error/fitted/logp_abs", "prox_error/fitted/logp_abs/H1", "prox_error/inverse/clip_rate/H3",
+                "prox_error/recompute/clip_rate", "prox_error/recompute/clip_rate/k1"} <= set(r)
+        # this run trains loglinear with the paper's schedule: its anchor on the tokens trained is the
+        # `inverse` one, so what it would clip there is what its loss clipped
+        assert r["prox_error/inverse/clip_rate"] == pytest.approx(r["actor/clip_ratio"], abs=1e-6)
         assert "prox_error/inverse/iw_abs/k0" not in r and r["time/fidelity"] > 0
         due = r["step"] % 2 == 0
         assert ("grad_fidelity/inverse/cos" in r) is due and ("grad_fidelity/fitted/norm_ratio" in r) is due

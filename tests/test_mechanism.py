@@ -9,7 +9,8 @@ import pytest
 
 from a3po.run.main import run, run_dir_of
 from analysis.anchor_model import EQUAL, LESS, MORE, NO_CALL, agreement, anchor_distance, prediction, score
-from analysis.mechanism import clip_slopes, main
+from analysis.mechanism import (clip_slopes, counterfactual_cells, counterfactual_rates, counterfactual_verdict,
+                                main)
 
 
 def test_anchor_distances_by_hand():
@@ -79,6 +80,41 @@ def test_the_clip_slope_per_seed():
     assert interval.mean == pytest.approx(-0.025) and interval.high < 0
 
 
+def _rate_rows(m: int, seed: int, rates: dict[str, float], d: int = 8) -> list[dict]:
+    """A recompute run's logged clip rates (each anchor's, every valid token and H3), at steps d-1..d+1."""
+    run = f"recompute-d{d}-s{seed}-m{m}"
+    return [{"experiment": "mechanism", "run": run, "algo": "recompute", "staleness": d, "seed": seed, "step": step,
+             "metric": f"prox_error/{anchor}/clip_rate{suffix}", "value": rate * (2.0 if suffix else 1.0)}
+            for step in (d - 1, d, d + 1) for anchor, rate in rates.items() for suffix in ("", "/H3")]
+
+
+def test_the_anchor_alone_is_paired_within_each_recompute_run():
+    rows, configs = [], {}
+    for m, gap in ((2, 0.02), (8, -0.01)):
+        for seed in (0, 1, 2):
+            rows += _rate_rows(m, seed, {"recompute": 0.03 + 0.01 * seed, "inverse": 0.03 + 0.01 * seed + gap + 0.001 * seed,
+                                         "step_start": 0.03 + 0.01 * seed, "fitted": 0.5})
+            configs[("mechanism", f"recompute-d8-s{seed}-m{m}")] = {"train": {"n_minibatches": m}}
+    rows.append({**rows[0], "step": 3, "value": 99.0})  # a step before d: not counted
+    rates = counterfactual_rates(pd.DataFrame(rows), configs)
+    assert set(rates["m"]) == {2, 8} and set(rates["stratum"]) == {"", "H3"} and "fitted" not in rates.columns
+    whole = rates[(rates["m"] == 2) & (rates["stratum"] == "") & (rates["seed"] == 0)].iloc[0]
+    assert whole["recompute"] == pytest.approx(0.03) and whole["inverse"] == pytest.approx(0.05)
+    cells = counterfactual_cells(rates)
+    inverse = cells[(cells["arm"] == "inverse") & (cells["stratum"] == "")].set_index("m")
+    assert inverse.loc[2, "difference"].mean == pytest.approx(0.021) and inverse.loc[2, "direction"] == "more"
+    assert inverse.loc[8, "direction"] == "less"
+    assert inverse.loc[2, "arm_rate"] == pytest.approx(0.061) and inverse.loc[2, "recompute_rate"] == pytest.approx(0.04)
+    h3 = cells[(cells["arm"] == "inverse") & (cells["stratum"] == "H3") & (cells["m"] == 2)].iloc[0]
+    assert h3["difference"].mean == pytest.approx(0.042)
+    same = cells[(cells["arm"] == "step_start") & (cells["stratum"] == "")]
+    assert (same["direction"] == "undecided").all()  # identical rates: a zero-width interval at 0
+    assert counterfactual_verdict(cells) == "does not hold"  # less at m = 8
+    assert counterfactual_verdict(cells[cells["m"] == 2], counts=(2,)) == "holds"
+    assert counterfactual_verdict(cells[cells["m"] == 2]) == "not judged (no clip rates logged at m = 8)"
+    assert counterfactual_rates(pd.DataFrame(rows).assign(algo="loglinear"), configs).empty
+
+
 @pytest.mark.slow
 def test_the_report_from_real_runs(tiny_cfg, tmp_path, earnable_reward):
     """Recompute with the drift logged, inverse and step_start at 1 and 2 minibatches, d = 2, two
@@ -108,4 +144,10 @@ def test_the_report_from_real_runs(tiny_cfg, tmp_path, earnable_reward):
     assert "| 1 |     0.000 |" in text  # recompute's distance at m = 1 in the model table
     assert "**H-S3a (the inverse - recompute clip gap falls as m grows):" in text
     assert "**H-S3c (step_start clips no more than recompute at every m):" in text
+    # the anchor alone, from the recompute runs' logged clip rates: m = 1 and 2, every token and the terciles
+    section = text.split("## The anchor alone")[1].split("## ")[0]
+    anchors = {tuple(c.strip() for c in line.split("|")[1:4]) for line in section.splitlines() if line.startswith("| ")}
+    assert {("1", "`inverse`", "all"), ("2", "`step_start`", "all"), ("2", "`inverse`", "H3")} <= anchors
+    assert "**H-S3d (on the same batches the inverse anchor clips more than recompute's, m = 2 and 8): " \
+           "not judged (no clip rates logged at m = 8).**" in section
     assert (tmp_path / "docs" / "mechanism" / "mechanism.png").exists()

@@ -295,3 +295,16 @@ def test_decision_flip_rate_is_zero_for_equal_anchors_and_counted_by_hand():
                                  decisions=decisions)
     assert flips["prox_error/behave/clip_flip"].item() == pytest.approx(0.75)
     assert flips["prox_error/behave/keep_flip"].item() == 0.0  # no cap: every valid token kept under both
+    # the rates say which anchor clips: "behave" 3 of 4 valid tokens, the recomputed anchor none
+    assert flips["prox_error/behave/clip_rate"].item() == pytest.approx(0.75)
+    assert flips["prox_error/recompute/clip_rate"].item() == 0.0
+    assert flips["prox_error/behave/keep_rate"].item() == flips["prox_error/recompute/keep_rate"].item() == 1.0
+    # the other way round: the recomputed anchor on behave clips 3, the "target" anchor (logp) none
+    swapped = approximation_errors(behave, behave, logp, versions, 4, valid, {"target": {}}, methods=("loglinear",),
+                                   decisions=decisions)
+    assert swapped["prox_error/recompute/clip_rate"].item() == pytest.approx(0.75)
+    assert swapped["prox_error/target/clip_rate"].item() == 0.0
+    assert swapped["prox_error/target/clip_flip"].item() == pytest.approx(0.75)
+    # without decisions nothing is said about them
+    assert not any(key.endswith(("_rate", "_flip")) for key in approximation_errors(
+        logp, behave, logp, versions, 4, valid, {"behave": {}}, methods=("loglinear",)))

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from a3po.learner.trainer import Trainer
 
 # The errors also reported per stratum (minibatch k, entropy tercile) for the loglinear anchors.
-STRATIFIED = ("logp_abs", "clip_flip")
+STRATIFIED = ("logp_abs", "clip_flip", "clip_rate")
 
 
 def fidelity_metrics(reference: torch.Tensor, logp: torch.Tensor, entropy: torch.Tensor,

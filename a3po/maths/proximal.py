@@ -190,7 +190,9 @@ def approximation_errors(
     weight |exp(prox_approx - behave) - exp(prox_true - behave)| (`bw_abs`). With `decisions`
     (an anchor -> per-token bool decisions, e.g. a3po.maths.loss.token_decisions: clipped,
     kept), the fraction of valid tokens whose decision differs between the two anchors
-    (`<decision>_flip`). Keys are `prox_error/<schedule>/...` for loglinear and
+    (`<decision>_flip`) and the fraction the decision is made under each approximation
+    (`<decision>_rate`) and under the recomputed anchor itself (`prox_error/recompute/<decision>_rate`):
+    on the same tokens and the same current policy, how many each anchor would clip. Keys are `prox_error/<schedule>/...` for loglinear and
     `prox_error/<schedule>-linear/...` for linear. A schedule's params may name the schedule
     function it uses (`{name: rational, gamma: ...}` under the label `fitted`: `schedule_of`).
     `strata` (name -> a bool mask) with `stratified` (error names): those errors of the
@@ -202,7 +204,8 @@ def approximation_errors(
     mask = loss_mask.bool()
     target_logp, prox_logp_true = target_logp.detach(), prox_logp_true.detach()
     true_decisions = decisions(prox_logp_true) if decisions is not None else {}
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, torch.Tensor] = _means("prox_error/recompute", {f"{decision}_rate": made.float()
+                                          for decision, made in true_decisions.items()}, mask, strata, stratified)
     for schedule, given in schedules.items():
         name, params = schedule_of(schedule, given), {key: value for key, value in given.items() if key != "name"}
         for method in methods or approximations():
@@ -213,8 +216,9 @@ def approximation_errors(
             label = schedule if method == "loglinear" else f"{schedule}-{method}"
             errors = _errors(approx, prox_logp_true, behave_logp, target_logp)
             if decisions is not None:
-                errors.update({f"{name}_flip": (made != true_decisions[name]).float()
-                               for name, made in decisions(approx).items()})
+                for decision, made in decisions(approx).items():
+                    errors.update({f"{decision}_flip": (made != true_decisions[decision]).float(),
+                                   f"{decision}_rate": made.float()})
             out.update(_means(f"prox_error/{label}", errors, mask,
                               strata if method == "loglinear" else None, stratified))
     return out
