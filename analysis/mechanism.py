@@ -17,7 +17,6 @@ and the pre-registered verdicts H-S3a-d. Runs passed with `--drift-from` only fe
 from __future__ import annotations
 
 import argparse
-import re
 import subprocess
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from matplotlib.figure import Figure
 
 from analysis.anchor_model import BAND, CLIP, RECOMPUTE, agreement, anchor_distance, prediction, score
 from analysis.claims import FAILS, HOLDS
+from analysis.clip_rates import ARMS, counterfactual_section
 from analysis.contrasts import code, schedule_arm, contrast, contrast_table, provenance_table, deviations_flag, write_study_report
 from analysis.drift import DriftFit, drift_points, fit_drift
 from analysis.frame import disambiguate
@@ -40,12 +40,9 @@ from analysis.scalars import run_scalars
 from analysis.stats import Interval, mean_ci
 
 __all__ = ["anchor_distance", "prediction", "with_minibatches", "contrast_cells", "clip_slopes",
-           "counterfactual_rates", "counterfactual_cells", "counterfactual_verdict", "score", "main"]
+           "score", "main"]
 
-ARMS = ("inverse", "step_start")  # the loglinear schedules S3 compares with recompute
 JUDGED = [claim for claim in CLAIMS if claim.key in ("g'", "f", "e")]
-RATE = re.compile(r"^prox_error/(?P<anchor>[^/]+)/clip_rate(?:/(?P<stratum>H[123]))?$")
-STRATA = ("", "H1", "H2", "H3")  # every valid token, then the entropy terciles (H1 lowest)
 
 
 def with_minibatches(scalars: pd.DataFrame, configs: dict) -> pd.DataFrame:
@@ -115,79 +112,6 @@ def drift_fits(df: pd.DataFrame, configs: dict, d: int = 8) -> tuple[DriftFit | 
         except ValueError:
             continue
     return pooled, per_m
-
-
-def counterfactual_rates(df: pd.DataFrame, configs: dict, d: int = 8) -> pd.DataFrame:
-    """Per recompute run at `d` that logged the anchors' clip rates (train.log_prox_errors): its
-    minibatch count `m`, seed, and for recompute's own anchor and each of ARMS the share of
-    tokens that anchor would clip on the run's batches with the run's current policy, mean over
-    steps >= d, over every valid token (stratum "") and per entropy tercile (H1-H3)."""
-    rows = df[(df["algo"] == RECOMPUTE) & (df["staleness"] == d) & (df["step"] >= d)]
-    parts = rows["metric"].str.extract(RATE)
-    rows = rows.assign(anchor=parts["anchor"], stratum=parts["stratum"].fillna(""))
-    rows = rows[rows["anchor"].isin([RECOMPUTE, *ARMS])]
-    columns = ["experiment", "run", "seed", "m", "stratum", RECOMPUTE, *ARMS]
-    if rows.empty:
-        return pd.DataFrame(columns=columns)
-    per_run = rows.pivot_table(index=["experiment", "run", "seed", "stratum"], columns="anchor", values="value",
-                               aggfunc="mean").reset_index()
-    per_run["m"] = [int(lookup(configs.get((e, r), {}), "train.n_minibatches", -1))
-                    for e, r in zip(per_run["experiment"], per_run["run"])]
-    return per_run.reindex(columns=columns)
-
-
-def counterfactual_cells(rates: pd.DataFrame) -> pd.DataFrame:
-    """Per (m, arm, stratum): the per-seed difference arm - recompute of the clip rate on the
-    same batches (a run is its own pair), its mean with a 95% t interval, and the direction:
-    `more` (the interval wholly above 0), `less` (wholly below) or `undecided`."""
-    records = []
-    for m, at_m in rates.groupby("m", sort=True):
-        for arm, stratum in ((arm, stratum) for arm in ARMS for stratum in STRATA):
-            paired = at_m[at_m["stratum"] == stratum][[arm, RECOMPUTE]].dropna()
-            if paired.empty:
-                continue
-            ci = mean_ci((paired[arm] - paired[RECOMPUTE]).tolist())
-            direction = ("more" if ci.known and ci.low > 0 else "less" if ci.known and ci.high < 0 else "undecided")
-            records.append({"m": int(m), "arm": arm, "stratum": stratum, "arm_rate": paired[arm].mean(),
-                            "recompute_rate": paired[RECOMPUTE].mean(), "difference": ci, "direction": direction})
-    return pd.DataFrame(records)
-
-
-def counterfactual_verdict(cells: pd.DataFrame, counts: tuple[int, ...] = (2, 8)) -> str:
-    """H-S3d (docs/study_s3.md, Deviations): the inverse anchor clips more than recompute's on
-    recompute's own batches at every m in `counts`: holds when it does at each, does not hold
-    when it clips less at any, inconclusive otherwise (or not judged without those cells)."""
-    whole = cells[(cells["arm"] == "inverse") & (cells["stratum"] == "")] if not cells.empty else cells
-    directions = {int(m): row for m, row in zip(whole["m"], whole["direction"])} if not whole.empty else {}
-    if not set(counts) <= set(directions):
-        return f"not judged (no clip rates logged at m = {', '.join(str(m) for m in counts if m not in directions)})"
-    found = [directions[m] for m in counts]
-    return HOLDS if all(x == "more" for x in found) else FAILS if "less" in found else "inconclusive"
-
-
-def _counterfactual_lines(cells: pd.DataFrame, at_d: pd.DataFrame, d: int, beta: float) -> list[str]:
-    if cells.empty:
-        return ["No recompute run at this d logged the anchors' clip rates (`prox_error/<anchor>/clip_rate`, "
-                "train.log_prox_errors from the commit that added them): nothing to separate.", ""]
-    trained = {(int(r["m"]), r["arm"]): r["effect"] for _, r in at_d.iterrows() if r["claim"] == CLIP} \
-        if not at_d.empty else {}
-    rows = []
-    for _, c in cells.iterrows():
-        model = prediction(anchor_distance(c["arm"], d, c["m"], beta), anchor_distance(RECOMPUTE, d, c["m"], beta))
-        rows.append([str(c["m"]), f"`{c['arm']}`", c["stratum"] or "all", f"{100 * c['arm_rate']:.2f}%",
-                     f"{100 * c['recompute_rate']:.2f}%", fmt_interval(c["difference"]), c["direction"],
-                     model if not c["stratum"] else "",
-                     trained.get((c["m"], c["arm"]), "") if not c["stratum"] else ""])
-    table = markdown_table(["m", "anchor", "tokens", "anchor clips", "recompute's anchor clips",
-                            "anchor - recompute [95% CI]", "direction", f"model's call (beta = {beta:.2f})",
-                            "trained difference (g', arm's own runs)"], rows, numeric_from=99)
-    return [f"On each recompute run's own batches and current policy, the share of tokens each anchor would clip "
-            f"(`prox_error/<anchor>/clip_rate`), mean over steps >= {d}; the difference is paired within the run, "
-            "then over seeds (95% t interval). This is the anchor's effect alone: the trained difference beside it "
-            "(from the arm's own runs, whose policies differ) adds the effect of training on another trajectory. "
-            "The terciles (H1 lowest entropy, H3 highest) show where the clipping is.", "", table, "",
-            f"**H-S3d (on the same batches the inverse anchor clips more than recompute's, m = 2 and 8): "
-            f"{counterfactual_verdict(cells)}.**", ""]
 
 
 def _ratio(cell: pd.Series) -> str:
@@ -323,7 +247,7 @@ def report(args: argparse.Namespace) -> list[str]:
             *_cell_table(at_d), "",
             f"## Across d at {args.across_m} minibatches (every seed)", "", *_cell_table(across_d), "",
             f"## The anchor alone: what each anchor would clip on recompute's batches at d = {args.d}", "",
-            *_counterfactual_lines(counterfactual_cells(counterfactual_rates(df, configs, args.d)), at_d, args.d, beta),
+            *counterfactual_section(df, configs, at_d, args.d, beta),
             *_verdict_lines(at_d, across_d, arms, seeds, beta, args),
             "## Figure", "", figures_markdown(_figure(arms, args.d, args.figures_dir, beta), args.out.parent)]
 

@@ -189,10 +189,9 @@ def approximation_errors(
     |exp(target - prox_approx) - exp(target - prox_true)| (`iw_abs`) and of the behaviour
     weight |exp(prox_approx - behave) - exp(prox_true - behave)| (`bw_abs`). With `decisions`
     (an anchor -> per-token bool decisions, e.g. a3po.maths.loss.token_decisions: clipped,
-    kept), the fraction of valid tokens whose decision differs between the two anchors
-    (`<decision>_flip`) and the fraction the decision is made under each approximation
-    (`<decision>_rate`) and under the recomputed anchor itself (`prox_error/recompute/<decision>_rate`):
-    on the same tokens and the same current policy, how many each anchor would clip. Keys are `prox_error/<schedule>/...` for loglinear and
+    kept), the share of valid tokens whose decision differs between the two anchors
+    (`<decision>_flip`) and the share each anchor makes it for (`<decision>_rate`; the recomputed
+    anchor's as `prox_error/recompute/...`). Keys are `prox_error/<schedule>/...` for loglinear and
     `prox_error/<schedule>-linear/...` for linear. A schedule's params may name the schedule
     function it uses (`{name: rational, gamma: ...}` under the label `fitted`: `schedule_of`).
     `strata` (name -> a bool mask) with `stratified` (error names): those errors of the
@@ -203,24 +202,29 @@ def approximation_errors(
                       versions=versions, loss_mask=loss_mask)
     mask = loss_mask.bool()
     target_logp, prox_logp_true = target_logp.detach(), prox_logp_true.detach()
-    true_decisions = decisions(prox_logp_true) if decisions is not None else {}
-    out: dict[str, torch.Tensor] = _means("prox_error/recompute", {f"{decision}_rate": made.float()
-                                          for decision, made in true_decisions.items()}, mask, strata, stratified)
+    truth = decisions(prox_logp_true) if decisions is not None else {}
+    out = _means("prox_error/recompute", {f"{key}_rate": made.float() for key, made in truth.items()}, mask, strata,
+                 stratified)
     for schedule, given in schedules.items():
         name, params = schedule_of(schedule, given), {key: value for key, value in given.items() if key != "name"}
         for method in methods or approximations():
-            approx = approximate_prox_logp(
-                behave_logp, target_logp, versions, current_version, method=method,
-                schedule=name, position=position, check_finite=False, **params,
-            )
+            approx = approximate_prox_logp(behave_logp, target_logp, versions, current_version, method=method,
+                                           schedule=name, position=position, check_finite=False, **params)
             label = schedule if method == "loglinear" else f"{schedule}-{method}"
             errors = _errors(approx, prox_logp_true, behave_logp, target_logp)
             if decisions is not None:
-                for decision, made in decisions(approx).items():
-                    errors.update({f"{decision}_flip": (made != true_decisions[decision]).float(),
-                                   f"{decision}_rate": made.float()})
+                errors.update(_decision_errors(decisions(approx), truth))
             out.update(_means(f"prox_error/{label}", errors, mask,
                               strata if method == "loglinear" else None, stratified))
+    return out
+
+
+def _decision_errors(made: Mapping[str, torch.Tensor], truth: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per token and decision: whether an anchor's decision differs from the recomputed one's
+    (`<decision>_flip`) and whether the anchor makes it (`<decision>_rate`)."""
+    out = {}
+    for decision, mask in made.items():
+        out.update({f"{decision}_flip": (mask != truth[decision]).float(), f"{decision}_rate": mask.float()})
     return out
 
 
