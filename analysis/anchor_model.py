@@ -19,6 +19,8 @@ times recompute's, less when under 0.8 times, and makes no call in between (`pre
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import torch
@@ -26,13 +28,26 @@ import torch
 from a3po.maths.schedules import target_weight
 from analysis.claims import FAILS, HOLDS
 
-__all__ = ["RECOMPUTE", "BAND", "MORE", "LESS", "NO_CALL", "EQUAL", "CLIP", "anchor_distance", "prediction",
-           "agreement", "score"]
+__all__ = ["RECOMPUTE", "BAND", "MORE", "LESS", "NO_CALL", "EQUAL", "CLIP", "behaviour_weight", "clip_reach",
+           "anchor_distance", "prediction", "agreement", "score"]
 
 RECOMPUTE = "recompute"
 BAND = (0.8, 1.25)
 MORE, LESS, NO_CALL, EQUAL = "more", "less", "no call", "equal"
 CLIP = "g'"  # the clip-ratio claim (analysis.paper_claims), direction "lower"
+
+
+def behaviour_weight(schedule: str, d: float, position: float = 0.0, **params) -> float:
+    """w_b = 1 - alpha of a loglinear anchor at staleness d and minibatch position k/m: a token of
+    version 0 trained at version d."""
+    return 1.0 - float(target_weight(torch.tensor([0]), d, schedule, position=float(position), **params)[0])
+
+
+def clip_reach(w_b: float, eps_clip: float) -> float:
+    """The smallest |log pi_theta - log pi_behave| at which an anchor with behaviour weight w_b
+    can clip at all: the ratio is exp(w_b (log pi_theta - log pi_behave)), and the nearer bound
+    is log(1 + eps); infinite where w_b = 0 (the anchor is the current policy: nothing clips)."""
+    return math.log1p(eps_clip) / w_b if w_b > 0 else math.inf
 
 
 def anchor_distance(arm: str, d: float, m: int, beta: float) -> float:
@@ -44,7 +59,7 @@ def anchor_distance(arm: str, d: float, m: int, beta: float) -> float:
     if arm == RECOMPUTE:
         return float(np.mean(positions**beta))
     # w_b = 1 - alpha at staleness d: a token of version 0 trained at version d
-    w_b = [1.0 - float(target_weight(torch.tensor([0]), d, arm, position=float(p))[0]) for p in positions]
+    w_b = [behaviour_weight(arm, d, p) for p in positions]
     return float(np.mean(np.asarray(w_b) * (d + positions) ** beta))
 
 

@@ -27,11 +27,13 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
+from analysis.anchor_model import behaviour_weight, clip_reach
 from analysis.approx_quality import s2_verdicts, schedule_markdown, schedule_table
 from analysis.claims import FAILS, HOLDS, Claim
 from analysis.contrasts import code, schedule_arm, contrast, contrast_table, provenance_table, deviations_flag, write_study_report
 from analysis.frame import disambiguate
-from analysis.identity import DEFAULT_SCHEDULE
+from analysis.identity import DEFAULT_SCHEDULE, lookup
+from analysis.markdown import markdown_table
 from analysis.load import load_configs, load_runs
 from analysis.paper_claims import CLAIMS
 from analysis.plotting import interval_errorbar, save
@@ -39,7 +41,7 @@ from analysis.report import REPORT_FIGURES, figures_markdown, provenance
 from analysis.scalars import run_scalars
 from analysis.stats import mean_ci
 
-__all__ = ["schedule_arms", "against", "ranking", "h_s2b", "main"]
+__all__ = ["schedule_arms", "anchor_weights", "against", "ranking", "h_s2b", "main"]
 
 RECOMPUTE, PAPERS = "recompute", DEFAULT_SCHEDULE
 TRAINING = [claim for claim in CLAIMS if claim.key in ("c", "d", "e", "f", "g", "g'")]
@@ -53,6 +55,34 @@ def schedule_arms(scalars: pd.DataFrame, seeds: list[int] | None) -> pd.DataFram
     out = scalars.assign(arm=[schedule_arm(row) for _, row in scalars.iterrows()])
     out = out[out["arm"].notna()]
     return (out[out["seed"].isin(seeds)] if seeds is not None else out).reset_index(drop=True)
+
+
+def anchor_weights(arms: pd.DataFrame, configs: dict) -> pd.DataFrame:
+    """Per (d, loglinear arm), from its first run's config: the behaviour weight w_b on the
+    step's first and last minibatch, and the smallest |log pi_theta - log pi_behave| at which
+    its anchor can clip under the run's eps_clip (`analysis.anchor_model.clip_reach`)."""
+    records = []
+    for (d, arm), runs in arms[arms["arm"] != RECOMPUTE].groupby(["staleness", "arm"], sort=True):
+        config = configs.get((runs["experiment"].iloc[0], runs["run"].iloc[0]), {})
+        schedule = dict(lookup(config, "schedule", {}) or {}) if arm != "behave" else {"name": "behave"}
+        name = schedule.pop("name", PAPERS)
+        m, eps = int(lookup(config, "train.n_minibatches", 1)), float(lookup(config, "objective.eps_clip", 0.2))
+        weights = [behaviour_weight(name, d, k / m, **schedule) for k in range(m)]
+        records.append({"d": int(d), "arm": arm, "first": weights[0], "last": weights[-1], "m": m, "eps": eps,
+                        "reach": clip_reach(max(weights), eps)})
+    return pd.DataFrame(records)
+
+
+def _weight_lines(weights: pd.DataFrame) -> list[str]:
+    rows = [[str(r["d"]), f"`{r['arm']}`", f"{r['first']:.4g}", f"{r['last']:.4g}",
+             "never (the anchor is the current policy)" if r["reach"] == float("inf") else f"{r['reach']:.3g}"]
+            for _, r in weights.iterrows()]
+    return ["What each anchor is: its behaviour weight w_b (log pi_theta - log pi_prox = w_b (log pi_theta - "
+            "log pi_behave) per token) on the step's first and last minibatch, and the smallest distance "
+            "|log pi_theta - log pi_behave| at which it can clip at all (log(1 + eps_clip) / w_b). An anchor that "
+            "cannot clip trains without a trust region: its lower clip ratio is no virtue.", "",
+            markdown_table(["d", "schedule", "w_b, first minibatch", "w_b, last minibatch",
+                            "clips only past |log pi_theta - log pi_behave| of"], rows, numeric_from=99), ""]
 
 
 def _order(arms: pd.DataFrame) -> list[str]:
@@ -168,6 +198,7 @@ def report(args: argparse.Namespace) -> list[str]:
              "The S1 rules (analysis/claims.py): per-seed paired difference schedule - recompute, 95% Student-t "
              "interval; \"holds\" is the paper's direction for A-3PO (higher entropy and IW min, lower IW max and "
              "clipping; the reward within ±2% by TOST). Coupled's runs are the `behave` schedule.", "",
+             *_weight_lines(anchor_weights(arms, configs)),
              contrast_table(versus_recompute, [("d", "d"), ("schedule", code("arm"))],
                             effect="schedule - recompute"), ""]
     for d in sorted(clip["d"].unique()):

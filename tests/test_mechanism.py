@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from a3po.run.main import run, run_dir_of
-from analysis.anchor_model import EQUAL, LESS, MORE, NO_CALL, agreement, anchor_distance, prediction, score
+from analysis.anchor_model import (EQUAL, LESS, MORE, NO_CALL, agreement, anchor_distance, behaviour_weight, clip_reach,
+                                   prediction, score)
 from analysis.clip_rates import counterfactual_cells, counterfactual_rates, counterfactual_verdict
 from analysis.mechanism import clip_slopes, main
 
@@ -30,6 +31,17 @@ def test_anchor_distances_by_hand():
     assert anchor_distance("behave", 8, 1, 0.5) == pytest.approx(8**0.5)
     with pytest.raises(ValueError, match="m >= 1"):
         anchor_distance("inverse", 8, 0, 1.0)
+
+
+def test_behaviour_weights_and_where_an_anchor_can_clip():
+    assert behaviour_weight("inverse", 8) == pytest.approx(0.125)
+    assert behaviour_weight("exponential", 8, gamma=0.5) == pytest.approx(0.5**7)
+    assert behaviour_weight("linear_decay", 8, horizon=8) == pytest.approx(0.125)  # inverse's, at d = 8 only
+    assert behaviour_weight("step_start", 8, 0.75) == pytest.approx(0.75 / 8.75)
+    assert behaviour_weight("step_start", 8, 0.0) == 0.0 and behaviour_weight("target", 8) == 0.0
+    # exp(w_b x) leaves [1 - eps, 1 + eps] first at x = log(1 + eps) / w_b
+    assert clip_reach(0.125, 0.2) == pytest.approx(np.log(1.2) / 0.125)
+    assert clip_reach(0.0, 0.2) == float("inf")
 
 
 def test_the_pre_registered_table_at_d8():

@@ -136,6 +136,11 @@ def test_both_reports_from_real_runs(tiny_cfg, tmp_path, earnable_reward):
         assert f"| `{schedule}`" in text
     assert "H-S2a (step_start vs inverse" in text and "**H-S2b (step_start clips no more" in text
     assert "## Does any schedule beat the paper's?" in text
+    # what each anchor is, from the runs' configs (d = 2, 1 minibatch, eps_clip 0.2)
+    weights = {tuple(c.strip() for c in line.split("|")[1:6]) for line in text.split("What each anchor is")[1]
+               .split("\n\n")[1].splitlines()[2:]}
+    assert ("2", "`inverse`", "0.5", "0.5", "0.365") in weights and ("2", "`behave`", "1", "1", "0.182") in weights
+    assert ("2", "`step_start`", "0", "0.2", "0.912") in weights  # 2 minibatches: w_b = (1/2) / (2 + 1/2) on the last
     assert corrections_main([str(sweep), "--out", str(out / "corrections.md"),
                              "--figures-dir", str(out / "corrections")]) == 0
     text = (out / "corrections.md").read_text()
