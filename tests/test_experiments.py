@@ -77,9 +77,14 @@ def test_alpha_schedules_runs_recompute_once_per_staleness():
     assert sorted(v for v in variants if v != "recompute") == sorted(
         f"loglinear-{p.stem.split('-', 1)[1]}" for p in (CONF_DIR / "variant").glob("loglinear-*.yaml")
     )
-    point = compose_config(["experiment=alpha_schedules", "+variant=loglinear-exponential", "staleness=4"])
+    # precision pinned: `auto` is bf16 on a CPU with AVX512-BF16, and the name carries it
+    point = compose_config(["experiment=alpha_schedules", "+variant=loglinear-exponential", "staleness=4",
+                            "precision=fp32"])
     assert point.algo.name == "loglinear" and point.schedule.name == "exponential"
     assert point.run_name == "loglinear-exponential0.5-d4-s0"
+    bf16 = compose_config(["experiment=alpha_schedules", "+variant=loglinear-exponential", "staleness=4",
+                           "precision=bf16"])
+    assert bf16.run_name == "loglinear-exponential0.5-bf16-d4-s0"
 
 
 def test_paper_config_values_are_the_papers():
