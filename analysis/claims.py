@@ -55,7 +55,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.claims_power import NO_INTERVAL, Samples, beside
-from analysis.identity import DEFAULT_SCHEDULE
+from analysis.identity import DEFAULT_SCHEDULE, LEGACY_VALUES
 from analysis.markdown import fmt, fmt_pm
 from analysis.outcomes import excluded_of, with_outcomes
 from analysis.paper_claims import CLAIMS, Claim, on_effect_scale, shown
@@ -74,6 +74,8 @@ INCONCLUSIVE_SEEDS = "inconclusive (fewer than 2 seeds)"
 # measures the machine, not the algorithm: the CPU-time claim (b') is the one to read then.
 INCONCLUSIVE_CONTENDED = "inconclusive (wall clock contended unevenly: {detail}; read b')"
 ALGOS = ["coupled", "recompute", "loglinear"]
+# Runs in another precision are another context (the paper's setup is shown without it).
+DEFAULT_PRECISION = LEGACY_VALUES["precision"]
 # Metrics are float32 on the trainer's side: two runs whose per-step values differ by one
 # float32 ulp (IW max 1.0 vs 1.0000009) show a "difference" with a zero-width interval when
 # every seed repeats it. Effects within this fraction of the quantity's size count as 0.
@@ -228,13 +230,16 @@ def _setting(rows: pd.DataFrame) -> list[str]:
         parts.append(f"correction {first['correction']}")
     if first["objective"] != "ppo":
         parts.append(f"objective {first['objective']}")
+    if first.get("precision", DEFAULT_PRECISION) != DEFAULT_PRECISION:
+        parts.append(f"precision {first['precision']}")
     return parts
 
 
 def _context_order(key: tuple[str, int]) -> tuple:
     """The paper's setup (no correction, ppo, lagged) first, then the rest; by d within."""
-    prefix, correction, objective, runtime = key[0].split("|")
-    return (prefix, correction != "none", objective != "ppo", runtime != "lagged", key[0], key[1])
+    prefix, correction, objective, runtime, precision = key[0].split("|")
+    return (prefix, correction != "none", objective != "ppo", runtime != "lagged", precision != DEFAULT_PRECISION,
+            key[0], key[1])
 
 
 def evaluate_claims(df: pd.DataFrame, scalars: pd.DataFrame | None = None) -> pd.DataFrame:

@@ -40,6 +40,10 @@ def contrast(claims: Sequence[Claim], ours: pd.DataFrame, base: pd.DataFrame, na
              **cell) -> list[dict]:
     """Each claim between the runs `ours` and `base` (paired by seed), each record tagged with
     the cell's keys (`d=8, m=4, arm="inverse"`...)."""
+    precisions = set(ours.get("precision", pd.Series(dtype=str))) | set(base.get("precision", pd.Series(dtype=str)))
+    if len(precisions) > 1:
+        raise ValueError(f"a contrast mixes precisions ({', '.join(sorted(map(str, precisions)))}) in the cell "
+                         f"{cell or names}: compare runs of one precision")
     return [{**cell, "ours": names[0], "base": names[1], **compare(claim, ours, base, names)} for claim in claims]
 
 

@@ -12,6 +12,9 @@ the recompute runs' drift; each cell's prediction and whether the verdict agrees
 of the inverse - recompute clip-ratio difference on log2 m per seed (H-S3a); the anchor's
 effect alone, the share of tokens each anchor would clip on recompute's own batches (H-S3d);
 and the pre-registered verdicts H-S3a-d. Runs passed with `--drift-from` only feed the drift fit.
+With `--across-from`, the cells across d come from those sweeps (S1's) instead, scored with the
+drift fitted on them and `--drift-from`, while the cells at d and their beta come from the sweeps
+given first alone: the two parts may differ in precision, and no contrast mixes precisions.
 """
 
 from __future__ import annotations
@@ -182,6 +185,7 @@ def _figure(arms: pd.DataFrame, d: int, out_dir: Path, beta: float) -> list[Path
 
 def _command(args: argparse.Namespace) -> str:
     return (f"python -m analysis.mechanism {' '.join(map(str, args.paths))}"
+            + (f" --across-from {' '.join(map(str, args.across_from))}" if args.across_from else "")
             + (f" --drift-from {' '.join(map(str, args.drift_from))}" if args.drift_from else "")
             + (f" --d {args.d}" if args.d != 8 else "") + (f" --across-m {args.across_m}" if args.across_m != 4 else "")
             + f" --out {args.out} --figures-dir {args.figures_dir}" + deviations_flag(args))
@@ -195,8 +199,9 @@ def _drift_text(pooled: DriftFit | None, per_m: dict[int, DriftFit], d: int) -> 
             + ", ".join(f"m = {m}: {fit.beta:.3f} ({fit.n_points} points)" for m, fit in sorted(per_m.items())))
 
 
-def _verdict_lines(at_d: pd.DataFrame, across_d: pd.DataFrame, arms: pd.DataFrame, seeds: list[int], beta: float,
-                   args: argparse.Namespace) -> list[str]:
+def _verdict_lines(at_d: pd.DataFrame, across_d: pd.DataFrame, arms: pd.DataFrame, seeds: list[int],
+                   betas: tuple[float, float], args: argparse.Namespace) -> list[str]:
+    beta, across_beta = betas
     slope, slopes = clip_slopes(arms[arms["seed"].isin(seeds)], args.d)
     slope_verdict = HOLDS if slope.known and slope.high < 0 else FAILS if slope.known and slope.low > 0 \
         else "inconclusive"
@@ -206,7 +211,7 @@ def _verdict_lines(at_d: pd.DataFrame, across_d: pd.DataFrame, arms: pd.DataFram
             f"({', '.join(f'seed {s}: {v:.4f}' for s, v in sorted(slopes.items()))}).", "",
             *_score_lines(f"H-S3b (the direction follows the drift), d = {args.d}", at_d, beta),
             *_score_lines(f"The linear-drift model, d = {args.d}", at_d, 1.0),
-            *_score_lines(f"H-S3b on the cells at {args.across_m} minibatches across d", across_d, beta),
+            *_score_lines(f"H-S3b on the cells at {args.across_m} minibatches across d", across_d, across_beta),
             *_score_lines(f"The linear-drift model at {args.across_m} minibatches across d", across_d, 1.0),
             f"**H-S3c (step_start clips no more than recompute at every m): {_step_start_verdict(at_d)}.**", "",
             "Nothing is corrected for multiplicity: each verdict is at level 0.05 on its own.", ""]
@@ -214,25 +219,36 @@ def _verdict_lines(at_d: pd.DataFrame, across_d: pd.DataFrame, arms: pd.DataFram
 
 def report(args: argparse.Namespace) -> list[str]:
     """The report's lines (markdown) from the parsed command line."""
-    df = disambiguate(load_runs(args.paths))
-    configs = load_configs(args.paths)
-    arms = with_minibatches(run_scalars(df), configs)
-    drift_df = load_runs(args.drift_from) if args.drift_from else df.iloc[0:0]
-    drift_configs = {**configs, **(load_configs(args.drift_from) if args.drift_from else {})}
-    pooled, per_m = drift_fits(pd.concat([df, drift_df]), drift_configs, args.d)
-    beta = pooled.beta if pooled else 1.0
+    df, configs, arms = _load(args.paths)
+    drift_df, drift_configs = (load_runs(args.drift_from), load_configs(args.drift_from)) if args.drift_from \
+        else (df.iloc[0:0], {})
+    if args.across_from:
+        across_df, across_configs, across_arms = _load(args.across_from)
+        pooled, per_m = drift_fits(df, configs, args.d)
+        across_fit = drift_fits(pd.concat([across_df, drift_df]), {**across_configs, **drift_configs}, args.d)[0]
+    else:
+        across_arms = arms
+        pooled, per_m = drift_fits(pd.concat([df, drift_df]), {**configs, **drift_configs}, args.d)
+        across_fit = pooled
+    beta, across_beta = (fit.beta if fit else 1.0 for fit in (pooled, across_fit))
     seeds = common_seeds(arms, args.d)
     at_d = contrast_cells(arms[arms["staleness"] == args.d], beta, seeds)
-    across_d = contrast_cells(arms[arms["m"] == args.across_m], beta)
+    across_d = contrast_cells(across_arms[across_arms["m"] == args.across_m], across_beta)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    precision = ", ".join(sorted(df.loc[df["run"].isin(arms["run"]), "precision"].astype(str).unique()))
+    precision = ", ".join(sorted(arms["precision"].astype(str).unique()))
+    across_text = ("" if not args.across_from else
+                   f"- across d: {len(across_arms)} runs of {', '.join(map(str, args.across_from))}, precision "
+                   f"{', '.join(sorted(across_arms['precision'].astype(str).unique()))}, scored with beta = "
+                   f"{across_beta:.3f} (" + (f"{across_fit.n_points} points of their recompute runs' drift and "
+                                             "--drift-from's" if across_fit else "no drift logged: 1 assumed") + ")")
     return ["# The mechanism: the clip-ratio difference against the minibatches per step (S3)", "",
             f"Generated by `{_command(args)}` at {commit or 'an unknown commit'}; regenerate rather than edit. "
             "Pre-registered in docs/study_s3.md (hypotheses, grid, rules); its deviations are listed there.", "",
             "## Provenance", "",
             f"- runs: {len(arms)} in the paper's setup (lagged, no correction, ppo), precision {precision}; "
             f"experiments: {', '.join(sorted(arms['experiment'].unique()))}",
-            f"- at d = {args.d} the comparisons use the seeds every (m, arm) has: {', '.join(map(str, seeds))}", "",
+            f"- at d = {args.d} the comparisons use the seeds every (m, arm) has: {', '.join(map(str, seeds))}",
+            *[across_text] * bool(across_text), "",
             provenance_table(arms, [("d", "staleness"), ("m", "m")]), "",
             "## The drift and the model's calls", "",
             f"Drift exponent: {_drift_text(pooled, per_m, args.d)}. With it, the mean anchor distance per step in "
@@ -248,14 +264,22 @@ def report(args: argparse.Namespace) -> list[str]:
             f"## Across d at {args.across_m} minibatches (every seed)", "", *_cell_table(across_d), "",
             f"## The anchor alone: what each anchor would clip on recompute's batches at d = {args.d}", "",
             *counterfactual_section(df, configs, at_d, args.d, beta),
-            *_verdict_lines(at_d, across_d, arms, seeds, beta, args),
+            *_verdict_lines(at_d, across_d, arms, seeds, (beta, across_beta), args),
             "## Figure", "", figures_markdown(_figure(arms, args.d, args.figures_dir, beta), args.out.parent)]
+
+
+def _load(paths: list) -> tuple[pd.DataFrame, dict, pd.DataFrame]:
+    df = disambiguate(load_runs(paths))
+    configs = load_configs(paths)
+    return df, configs, with_minibatches(run_scalars(df), configs)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", help="sweep folders whose runs are compared")
     parser.add_argument("--drift-from", nargs="*", default=[], help="sweep folders whose recompute runs only feed the drift fit")
+    parser.add_argument("--across-from", nargs="*", default=[],
+                        help="sweep folders whose cells at --across-m are compared across d (with their own beta)")
     parser.add_argument("--d", type=int, default=8, help="the staleness the minibatch counts are compared at")
     parser.add_argument("--across-m", type=int, default=4, help="the minibatch count the staleness levels are compared at")
     parser.add_argument("--out", type=Path, required=True)

@@ -24,6 +24,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from analysis.identity import LEGACY_VALUES
 from analysis.load import add_labels
 
 RUN_KEY = ["experiment", "run"]
@@ -57,7 +58,7 @@ ALL_MEANS = {**STEP_MEANS, **DIAGNOSTIC_MEANS}
 CONTENTION_RATIO = 1.25
 
 IDENTITY = ["label", "variant", "algo", "schedule", "correction", "objective", "runtime", "staleness",
-            "max_staleness", "seed", "complete", "label_prefix"]
+            "max_staleness", "seed", "precision", "complete", "label_prefix"]
 
 
 def final_window(n_steps: int) -> int:
@@ -152,6 +153,7 @@ def run_scalars(df: pd.DataFrame) -> pd.DataFrame:
 
 def context_of(frame: pd.DataFrame) -> pd.Series:
     """What must match for two labels to be compared as "algorithm A vs recompute": the
-    experiment prefix of a disambiguated label, correction, objective and runtime (the
+    experiment prefix of a disambiguated label, correction, objective, runtime and precision (the
     schedule is left out: recompute has none)."""
-    return frame["label_prefix"] + "|" + frame["correction"] + "|" + frame["objective"] + "|" + frame["runtime"]
+    return (frame["label_prefix"] + "|" + frame["correction"] + "|" + frame["objective"] + "|" + frame["runtime"]
+            + "|" + (frame["precision"].astype(str) if "precision" in frame else LEGACY_VALUES["precision"]))
