@@ -163,3 +163,18 @@ def test_the_report_from_real_runs(tiny_cfg, tmp_path, earnable_reward):
     assert "**H-S3d (on the same batches the inverse anchor clips more than recompute's, m = 2 and 8): " \
            "not judged (no clip rates logged at m = 8).**" in section
     assert (tmp_path / "docs" / "mechanism" / "mechanism.png").exists()
+    # --across-from: the cells across d from other sweeps, with their own beta (no drift logged there: 1)
+    for seed in (0, 1):
+        for algo in ("recompute", "loglinear"):
+            cfg = tiny_cfg(f"algo={algo}", "staleness=1", "train.total_steps=2", "train.n_minibatches=2", f"seed={seed}",
+                           "experiment_name=claims")
+            run(cfg)
+    across = run_dir_of(cfg).parent
+    assert main([str(sweep), "--d", "2", "--across-m", "2", "--across-from", str(across), "--out", str(out),
+                 "--figures-dir", str(tmp_path / "docs" / "mechanism")]) == 0
+    text = out.read_text()
+    assert f"--across-from {across}" in text
+    assert "- across d: 4 runs of" in text and "precision fp32, scored with beta = 1.000 (no drift logged" in text
+    across_rows = {tuple(c.strip() for c in line.split("|")[1:5]) for line in
+                   text.split("## Across d")[1].split("## ")[0].splitlines() if line.startswith("| 1 |")}
+    assert ("1", "2", "`inverse`", "g'") in across_rows  # d = 1 from --across-from, not the d = 2 runs
