@@ -124,9 +124,9 @@ def _shift_table(arms: pd.DataFrame) -> str:
                           numeric_from=99)
 
 
-def _figure(df: pd.DataFrame, arms: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """Reward and clip ratio per step, seed mean per arm (colour) and precision (line style)."""
-    runs = arms[["experiment", "run", "arm", "precision", "seed"]]
+def _figure(df: pd.DataFrame, arms: pd.DataFrame, seeds: list[int], out_dir: Path) -> list[Path]:
+    """Reward and clip ratio per step, mean over `seeds` per arm (colour) and precision (line style)."""
+    runs = arms.loc[arms["seed"].isin(seeds), ["experiment", "run", "arm", "precision", "seed"]]
     metrics = {"reward/mean": "rollout reward", "actor/clip_ratio": "clip ratio"}
     steps = df[df["metric"].isin(metrics)].merge(runs, on=["experiment", "run", "seed", "precision"])
     curves = steps.groupby(["metric", "arm", "precision", "step"])["value"].mean().reset_index()
@@ -139,7 +139,7 @@ def _figure(df: pd.DataFrame, arms: pd.DataFrame, out_dir: Path) -> list[Path]:
                     linestyle="-" if precision == "bf16" else "--", marker="o", markersize=3,
                     label=f"{arm}, {precision}")
         ax.set_xlabel("step")
-        ax.set_title(f"{title}, mean over seeds")
+        ax.set_title(f"{title}, mean over seeds {', '.join(map(str, seeds))}")
     axes[0].legend(frameon=False, fontsize=8)
     return save(fig, curves, out_dir, "precision", REPORT_FIGURES)
 
@@ -192,7 +192,7 @@ def report(args: argparse.Namespace) -> list[str]:
             "(docs/benchmarks.md measures it side by side).", "",
             contrast_table(timing, [("precision", "precision")], effect="recompute / inverse"), "",
             "Nothing is corrected for multiplicity: each interval is at level 0.05 on its own.", "",
-            "## Figure", "", figures_markdown(_figure(df, arms, args.figures_dir), args.out.parent)]
+            "## Figure", "", figures_markdown(_figure(df, arms, bf16_seeds, args.figures_dir), args.out.parent)]
 
 
 def main(argv: list[str] | None = None) -> int:
