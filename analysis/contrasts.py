@@ -42,8 +42,9 @@ def contrast(claims: Sequence[Claim], ours: pd.DataFrame, base: pd.DataFrame, na
     the cell's keys (`d=8, m=4, arm="inverse"`...)."""
     precisions = set(ours.get("precision", pd.Series(dtype=str))) | set(base.get("precision", pd.Series(dtype=str)))
     if len(precisions) > 1:
-        raise ValueError(f"a contrast mixes precisions ({', '.join(sorted(map(str, precisions)))}) in the cell "
-                         f"{cell or names}: compare runs of one precision")
+        where = ", ".join(f"{key} = {value}" for key, value in cell.items() if isinstance(value, (int, str)))
+        raise ValueError(f"a contrast mixes precisions ({', '.join(sorted(map(str, precisions)))}): {names[0]} vs "
+                         f"{names[1]}{f' ({where})' if where else ''}; compare runs of one precision")
     return [{**cell, "ours": names[0], "base": names[1], **compare(claim, ours, base, names)} for claim in claims]
 
 
