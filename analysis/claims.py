@@ -230,7 +230,7 @@ def _setting(rows: pd.DataFrame) -> list[str]:
         parts.append(f"correction {first['correction']}")
     if first["objective"] != "ppo":
         parts.append(f"objective {first['objective']}")
-    if first.get("precision", DEFAULT_PRECISION) != DEFAULT_PRECISION:
+    if first["precision"] != DEFAULT_PRECISION:
         parts.append(f"precision {first['precision']}")
     return parts
 

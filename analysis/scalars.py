@@ -24,7 +24,6 @@ import math
 import numpy as np
 import pandas as pd
 
-from analysis.identity import LEGACY_VALUES
 from analysis.load import add_labels
 
 RUN_KEY = ["experiment", "run"]
@@ -156,4 +155,4 @@ def context_of(frame: pd.DataFrame) -> pd.Series:
     experiment prefix of a disambiguated label, correction, objective, runtime and precision (the
     schedule is left out: recompute has none)."""
     return (frame["label_prefix"] + "|" + frame["correction"] + "|" + frame["objective"] + "|" + frame["runtime"]
-            + "|" + (frame["precision"].astype(str) if "precision" in frame else LEGACY_VALUES["precision"]))
+            + "|" + frame["precision"].astype(str))

@@ -127,7 +127,7 @@ def scalars_frame(stalenesses=(2, 8), seeds=range(5)) -> pd.DataFrame:
             for index, algo in enumerate(("recompute", "loglinear")):
                 values = {column: pair[index] * (1 + 0.01 * rng.standard_normal()) for column, pair in VALUES.items()}
                 rows.append({"algo": algo, "schedule": "", "label": algo, "label_prefix": "", "correction": "none",
-                             "objective": "ppo",
+                             "objective": "ppo", "precision": "fp32",
                              "runtime": "lagged", "staleness": d, "seed": seed, "run": f"{algo}-d{d}-s{seed}",
                              "flagged": False, "diverged": False, "collapsed": False, "contended": False,
                              "time_basis": "time/step", **values})
