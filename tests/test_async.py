@@ -193,7 +193,7 @@ def test_hf_copy_engine_stages_an_update_that_arrives_mid_generation():
             pushed["at"] = engine.version
             engine.update_weights(policy, 1)  # from inside generation: must not change the weights now
 
-    handle = engine.policy.register_forward_pre_hook(push_once)
+    handle = engine.policy.get_decoder().register_forward_pre_hook(push_once)  # the decode loop's per-token call
     generations = engine.generate([[1, 2, 3]], 2, seed=0)
     handle.remove()
     assert all(torch.all(g.versions == 0) for g in generations[0])

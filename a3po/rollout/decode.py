@@ -1,0 +1,294 @@
+"""The HF engine's decode loop: what `generate` did, without what it cost.
+
+Measured on SmolLM2-135M, bf16, 1 CPU thread (docs/benchmarks.md, "Rollout at the hardware's
+pace"): inside transformers' `generate` only 40% of the time was the model's matmuls. The rest
+was autocast re-casting every float32 weight at every decode step, a sampler drawing one
+exponential per vocabulary entry per row per token, a KV cache that grows by concatenation, and
+the stored full-vocabulary scores of every step (batch x tokens x vocab floats). Here:
+
+- the weights are the engine's: `ComputeWeights` keeps a copy whose linear layers are stored in
+  the compute dtype, refreshed at each weight sync, so autocast has nothing left to cast (a bf16
+  tensor's autocast cast is itself: the logits are bit for bit those of the float32 weights);
+- `sample_next` draws one uniform per row against the cumulative distribution (top-p on the
+  same sorted pass) and returns the sampled token's log-prob from the step's float32
+  log-softmax, so nothing of size tokens x vocab outlives its step;
+- `PreallocatedCache` writes each step's keys and values into buffers sized once for the
+  longest sequence and hands attention a view of the filled part.
+
+The distribution sampled is exactly the one `generate` sampled (temperature, then top-p with
+transformers' rule, no top-k), so `behave_logp` means what it always meant; the random stream
+is not the same (`tests/test_decode.py` checks the distribution against exact probabilities).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from a3po.device import autocast
+
+__all__ = ["ComputeWeights", "PreallocatedCache", "Decoded", "sample_next", "top_p_keep", "decode"]
+
+
+# --------------------------------------------------------------------------- sampling
+def top_p_keep(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Which of the descending-sorted probabilities top-p keeps: transformers' rule (drop a
+    token when the mass at or below it is <= 1 - top_p), written from the top: keep a token
+    when the mass strictly above it is < top_p. The most likely token is always kept."""
+    above = sorted_probs.cumsum(-1) - sorted_probs
+    return above < top_p
+
+
+def sample_next(logits: torch.Tensor, generator: torch.Generator, *, temperature: float = 1.0,
+                top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row of `logits` [rows, vocab] and its float32 log-prob under the
+    distribution it was sampled from (temperature, then top-p, renormalised).
+
+    One uniform per row, found in the cumulative distribution (accumulated in float64, so the
+    last entry is the total mass to ~1e-16): O(rows) random numbers instead of O(rows x vocab).
+    A token of probability 0 is never drawn: the uniform is scaled by the total, strictly below
+    the last cumulative value, and the search returns the first entry strictly above it."""
+    scores = logits.float()
+    if temperature != 1.0:
+        scores = scores / temperature
+    log_z = torch.logsumexp(scores, dim=-1, keepdim=True)
+    log_probs = scores - log_z
+    probs = log_probs.exp()
+    uniform = torch.rand(scores.shape[0], 1, generator=generator, device=scores.device, dtype=torch.float32)
+    if top_p >= 1.0:
+        cdf = probs.double().cumsum(-1)  # not cumsum(dtype=): its conversion is 5x slower
+        index = torch.searchsorted(cdf, uniform.double() * cdf[:, -1:], right=True)
+        tokens = index.clamp_(max=scores.shape[-1] - 1)
+        return tokens.squeeze(-1), log_probs.gather(-1, tokens).squeeze(-1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    kept = torch.where(top_p_keep(sorted_probs, top_p), sorted_probs, 0.0)
+    cdf = kept.double().cumsum(-1)
+    position = torch.searchsorted(cdf, uniform.double() * cdf[:, -1:], right=True).clamp_(max=scores.shape[-1] - 1)
+    tokens = order.gather(-1, position)
+    # log of the renormalised probability: log p - log(kept mass), both in float32 as the
+    # log-softmax of the masked scores would give them
+    kept_log_mass = torch.log(cdf[:, -1:].float())
+    return tokens.squeeze(-1), (log_probs.gather(-1, tokens) - kept_log_mass).squeeze(-1)
+
+
+# --------------------------------------------------------------------------- KV cache
+class _PreallocatedLayer(CacheLayerMixin):
+    """One layer's keys and values in buffers of `capacity` positions, allocated on the first
+    write (its dtype and head count are the model's); `update` copies the new positions in and
+    returns views of the filled part, so attention reads exactly the sequence so far."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        batch, heads = key_states.shape[:2]
+        self.keys = key_states.new_empty((batch, heads, self.capacity, key_states.shape[-1]))
+        self.values = value_states.new_empty((batch, heads, self.capacity, value_states.shape[-1]))
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start, end = self.length, self.length + key_states.shape[-2]
+        if end > self.capacity:
+            raise RuntimeError(f"KV cache full: {end} positions written, {self.capacity} allocated")
+        self.keys[:, :, start:end].copy_(key_states)
+        self.values[:, :, start:end].copy_(value_states)
+        self.length = end
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return self.capacity
+
+
+class PreallocatedCache(Cache):
+    """A transformers Cache whose layers never reallocate: no concatenation per decode step."""
+
+    def __init__(self, n_layers: int, capacity: int) -> None:
+        super().__init__(layers=[_PreallocatedLayer(capacity) for _ in range(n_layers)])
+
+
+# --------------------------------------------------------------------------- weights
+class ComputeWeights:
+    """The rollout's module, its weights as the compute dtype wants them.
+
+    - float32 (`dtype` None) and not `private`: the policy itself, nothing to copy or cast.
+    - otherwise a copy whose nn.Linear weights and biases are stored in `dtype` (the autocast
+      dtype), everything else (norms, embeddings) as in the policy. Under autocast a linear
+      layer computes with its weights cast to that dtype, so the copy's logits equal the
+      policy's bit for bit, minus the casts. A tied output layer (SmolLM2's lm_head shares the
+      embedding) is untied: the embedding stays float32, as autocast leaves it.
+    - not `private` (the engine samples between the trainer's steps): the parameters that need
+      no cast are the policy's own tensors, shared; `private` (generation concurrent with
+      training, `HFCopyEngine`): every tensor is the copy's own.
+
+    `refresh(policy)` copies the policy's current weights in (casting), one pass over the
+    parameters: the weight sync. `load_state` does it from a state dict (a staged update)."""
+
+    def __init__(self, policy: torch.nn.Module, dtype: torch.dtype | None, *, private: bool = False) -> None:
+        self.dtype = dtype
+        self.private = private
+        self.module = policy if dtype is None and not private else self._copy(policy, dtype, share=not private)
+
+    @staticmethod
+    def _copy(policy: torch.nn.Module, dtype: torch.dtype | None, *, share: bool) -> torch.nn.Module:
+        memo: dict[int, torch.Tensor] = {}
+        shared = _shared_parameter_ids(policy)
+        linear = {id(p) for m in policy.modules() if isinstance(m, torch.nn.Linear) for p in (m.weight, m.bias)
+                  if p is not None}
+        for param in policy.parameters():
+            if dtype is not None and id(param) in linear and id(param) not in shared:
+                memo[id(param)] = torch.nn.Parameter(param.detach().to(dtype), requires_grad=param.requires_grad)
+            elif share and (id(param) not in linear or id(param) in shared):
+                memo[id(param)] = param  # a tied output layer gets a tensor of its own below
+        module_copy = copy.deepcopy(policy, memo)
+        if dtype is not None:
+            for module in module_copy.modules():  # a tied output layer: a compute-dtype tensor of its own
+                if isinstance(module, torch.nn.Linear):
+                    for name in ("weight", "bias"):
+                        param = getattr(module, name)
+                        if param is not None and param.dtype != dtype:
+                            setattr(module, name, torch.nn.Parameter(param.detach().to(dtype),
+                                                                     requires_grad=param.requires_grad))
+        return module_copy
+
+    @staticmethod
+    def _pairs_of(policy: torch.nn.Module, module_copy: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        source = dict(policy.named_parameters(remove_duplicate=False))
+        return [(source[name], param) for name, param in module_copy.named_parameters(remove_duplicate=False)
+                if source[name] is not param]
+
+    @torch.no_grad()
+    def refresh(self, policy: torch.nn.Module) -> None:
+        """Load `policy`'s current weights (nothing to do where the module is the policy)."""
+        if self.module is not policy and self.dtype is None and not self.private:
+            self.module = policy
+        elif self.module is not policy:
+            for source, target in self._pairs_of(policy, self.module):
+                target.copy_(source)
+
+    @torch.no_grad()
+    def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Load a state dict (the async engine's staged update), casting where the copy's
+        tensors are of the compute dtype; a tied weight's one entry feeds both its copies."""
+        for name, tensor in self.module.named_parameters(remove_duplicate=False):
+            source = state.get(name)
+            if source is None:  # an untied output layer: the state dict holds the tie once
+                source = state[_tied_source(self.module, name)]
+            tensor.copy_(source)
+        for name, tensor in self.module.named_buffers(remove_duplicate=False):
+            if name in state:  # a non-persistent buffer (rotary frequencies) is not in it, and never changes
+                tensor.copy_(state[name])
+
+
+def _shared_parameter_ids(policy: torch.nn.Module) -> set[int]:
+    seen: dict[int, int] = {}
+    for _, param in policy.named_parameters(remove_duplicate=False):
+        seen[id(param)] = seen.get(id(param), 0) + 1
+    return {key for key, count in seen.items() if count > 1}
+
+
+def _tied_source(module: torch.nn.Module, name: str) -> str:
+    keys = getattr(module, "_tied_weights_keys", None) or {}
+    if isinstance(keys, dict) and name in keys:
+        return keys[name]
+    raise KeyError(f"{name} is missing from the state dict and is not a tied weight of {type(module).__name__}")
+
+
+# --------------------------------------------------------------------------- the loop
+@dataclass
+class Decoded:
+    """A chunk's new tokens [rows, steps] (pad after a row's stop token), their log-probs
+    (0 after the stop) and, per row, the number of tokens kept (stop token included) and
+    whether it stopped."""
+
+    tokens: torch.Tensor
+    logp: torch.Tensor
+    lengths: list[int]
+    finished: list[bool]
+
+
+def _attention_masks(real: torch.Tensor, implementation: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prefill's 4-D mask [rows, 1, width, width] and the key-padding row [rows, width]:
+    causal, padding keys hidden; a padding query sees itself, so no softmax row is empty (its
+    output is never read). Boolean for sdpa; additive (0 / dtype min) for eager, as
+    transformers builds them."""
+    width = real.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool, device=real.device).tril()
+    allowed = causal[None] & real[:, None, :]
+    allowed |= torch.eye(width, dtype=torch.bool, device=real.device)[None]
+    return _as_mask(allowed[:, None], implementation, dtype), real
+
+
+def _as_mask(allowed: torch.Tensor, implementation: str, dtype: torch.dtype) -> torch.Tensor:
+    if implementation == "sdpa":
+        return allowed
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
+ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
+
+
+@torch.no_grad()
+def decode(model: torch.nn.Module, input_ids: torch.Tensor, real: torch.Tensor, *, max_new_tokens: int,
+           stop_ids: torch.Tensor, pad_id: int, generator: torch.Generator, temperature: float, top_p: float,
+           autocast_dtype: torch.dtype | None) -> Decoded:
+    """Sample up to `max_new_tokens` per row of left-padded prompts `input_ids` [rows, width]
+    (`real` marks the prompt tokens), stopping a row at its first token in `stop_ids` and the
+    loop when every row has stopped.
+
+    Positions count real tokens only (a left-padded row's first prompt token is position 0), as
+    in the trainer's right-padded forward. The decoder and the output layer are called apart,
+    as the trainer calls them (`Trainer._response_logits`), on the last position only."""
+    implementation = getattr(model.config, "_attn_implementation", "eager")
+    if implementation not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(f"the HF engine's decode loop supports attention {ATTENTION_IMPLEMENTATIONS}, "
+                         f"not {implementation!r}; load the model with one of them or use rollout.name=vllm")
+    decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
+    device = input_ids.device
+    rows, width = input_ids.shape
+    cache = PreallocatedCache(model.config.num_hidden_layers, width + max_new_tokens)
+    mask_dtype = decoder.get_input_embeddings().weight.dtype
+    prefill_mask, keys_real = _attention_masks(real, implementation, mask_dtype)
+    keys_real = torch.cat([keys_real, torch.ones(rows, max_new_tokens, dtype=torch.bool, device=device)], dim=1)
+    positions = (real.long().cumsum(-1) - 1).clamp_(min=0)
+    tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    logp = torch.zeros((rows, max_new_tokens), dtype=torch.float32, device=device)
+    done = torch.zeros(rows, dtype=torch.bool, device=device)
+    stopped_at = torch.full((rows,), max_new_tokens, dtype=torch.long, device=device)
+    step_input, step_mask, step_positions = input_ids, prefill_mask, positions
+    next_position = positions[:, -1:] + 1
+    steps = 0
+    with autocast(device, autocast_dtype):
+        for step in range(max_new_tokens):
+            hidden = decoder(input_ids=step_input, attention_mask=step_mask, position_ids=step_positions,
+                             past_key_values=cache, use_cache=True).last_hidden_state
+            logits = lm_head(hidden[:, -1])
+            token, token_logp = sample_next(logits, generator, temperature=temperature, top_p=top_p)
+            token = torch.where(done, pad_id, token)
+            tokens[:, step] = token
+            logp[:, step] = torch.where(done, 0.0, token_logp)
+            stops = ~done & torch.isin(token, stop_ids)
+            stopped_at = torch.where(stops, step + 1, stopped_at)
+            done |= stops
+            steps = step + 1
+            if bool(done.all()):  # one host read a token: the loop's only sync
+                break
+            length = width + step + 1
+            step_input, step_positions = token[:, None], next_position
+            next_position = next_position + 1
+            step_mask = _as_mask(keys_real[:, None, None, :length], implementation, mask_dtype)
+    finished = done.tolist()
+    lengths = [n if stop else steps for n, stop in zip(stopped_at.tolist(), finished)]
+    return Decoded(tokens[:, :steps], logp[:, :steps], lengths, finished)
