@@ -122,7 +122,7 @@ def test_token_logprobs_and_entropy_equal_naive(rows, vocab, seed, scale):
 
 
 def test_chunking_crosses_chunk_boundaries_and_keeps_gradient(monkeypatch):
-    monkeypatch.setattr(logprobs_module, "LOGPROB_CHUNK_ROWS", 3)
+    monkeypatch.setattr(logprobs_module, "LOGPROB_CHUNK_BYTES", 4 * 7 * 3)  # 3 rows of 7
     logits = torch.randn(2, 5, 7, requires_grad=True)
     tokens = torch.randint(0, 7, (2, 5))
     logp, entropy = token_logprobs_and_entropy(logits, tokens)
@@ -183,3 +183,47 @@ def test_bad_inputs_raise():
         grpo_advantages(torch.zeros(4))
     with pytest.raises(ValueError, match="NaN or Inf"):
         grpo_advantages(torch.tensor([[1.0, float("nan")]]))
+
+
+def _unfused(logits, tokens, temperature=1.0):
+    """The vocabulary pass as autograd composes it: the fused one's oracle, bit for bit."""
+    scores = logits.float() / temperature if temperature != 1.0 else logits.float()
+    log_z = torch.logsumexp(scores, dim=-1)
+    logp = scores.gather(-1, tokens[..., None]).squeeze(-1) - log_z
+    log_probs = scores.detach() - log_z.detach()[..., None]
+    return logp, -(torch.exp(log_probs) * log_probs).sum(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 37, 300])
+def test_the_fused_pass_is_autograds_bit_for_bit(dtype, rows, monkeypatch):
+    """Log-probs, entropy and the logits' gradient equal the unfused composition exactly, across
+    chunk boundaries (a small chunk here) and in bf16 (the gradient cast as autograd casts it)."""
+    monkeypatch.setattr(logprobs_module, "LOGPROB_CHUNK_BYTES", 4 * 1000 * 16)  # 16 rows of 1,000
+    gen = torch.Generator().manual_seed(rows)
+    base = (torch.randn(rows, 1000, generator=gen) * 4).to(dtype)
+    tokens = torch.randint(0, 1000, (rows,), generator=gen)
+    weights = torch.randn(rows, generator=gen)
+    fused_in, unfused_in = base.clone().requires_grad_(), base.clone().requires_grad_()
+    logp, entropy = token_logprobs_and_entropy(fused_in, tokens)
+    ref_logp, ref_entropy = _unfused(unfused_in, tokens)
+    assert torch.equal(logp, ref_logp) and torch.equal(entropy, ref_entropy)
+    (logp * weights).sum().backward()
+    (ref_logp * weights).sum().backward()
+    assert fused_in.grad.dtype == dtype and torch.equal(fused_in.grad, unfused_in.grad)
+    assert torch.equal(token_logprobs(base, tokens), ref_logp.detach())
+
+
+def test_a_temperature_divides_the_float32_logits():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 40, generator=gen, requires_grad=True)
+    tokens = torch.randint(0, 40, (5,), generator=gen)
+    logp, entropy = token_logprobs_and_entropy(logits, tokens, temperature=0.7)
+    ref_logp, ref_entropy = naive(logits.detach() / 0.7, tokens)
+    torch.testing.assert_close(logp.double(), ref_logp, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(entropy.double(), ref_entropy, rtol=1e-6, atol=1e-6)
+    logp.sum().backward()
+    expected = (torch.nn.functional.one_hot(tokens, 40).float() - torch.softmax(logits.detach() / 0.7, -1)) / 0.7
+    torch.testing.assert_close(logits.grad, expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="temperature=0"):
+        token_logprobs(logits, tokens, temperature=0)

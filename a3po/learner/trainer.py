@@ -104,11 +104,10 @@ class Trainer:
         targets = self._to_device(torch.cat([s.response_ids for s in samples]))
         with autocast(self.device, self.autocast_dtype):
             logits = self._logits(input_ids, attention_mask, predicts_response)
-        if self.temperature != 1.0:
-            logits = logits / self.temperature
+        # the temperature divides the float32 logits inside the vocabulary pass, as the sampler divides them
         if not with_entropy:
-            return token_logprobs(logits, targets), None
-        return token_logprobs_and_entropy(logits, targets)
+            return token_logprobs(logits, targets, self.temperature), None
+        return token_logprobs_and_entropy(logits, targets, self.temperature)
 
     def _response_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                          predicts_response: torch.Tensor) -> torch.Tensor:
