@@ -58,7 +58,8 @@ EXTENSIBLE_KEY = "train.total_steps"
 DERIVED_KEYS = ("identity",)  # built from the other keys (a3po.identity): compared through them, never itself
 # A key a run's config.yaml lacks because it was written before the key existed, compared as
 # the value that run actually used: every run before `precision` computed in float32 on a CPU.
-LEGACY_VALUES = {"precision": "fp32"}
+# model.attn_implementation: every run before the key existed computed attention with eager.
+LEGACY_VALUES = {"precision": "fp32", "model.attn_implementation": "eager"}
 # Keys an older config.yaml holds that have moved, with their new home. The old key's value
 # was interpolated into the new home (conf/objective/ppo.yaml, conf/correction/none.yaml), or
 # unused beside another objective or correction, so the new home alone is compared.

@@ -292,3 +292,18 @@ def test_real_smollm2_loads_and_generates():
         output = model.generate(**encoded, max_new_tokens=8, do_sample=False)
     answer = tokenizer.decode(output[0, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer
+
+
+@needs_smollm2
+def test_attention_is_a_model_key_and_a_run_without_it_used_eager():
+    from a3po.errors import ConfigError
+    from a3po.run.rundir import config_differences
+
+    assert models.load_policy(tiny_cfg(), seed=0)[0].config._attn_implementation == "eager"
+    assert models.load_policy(tiny_cfg(attn_implementation="sdpa"), seed=0)[0].config._attn_implementation == "sdpa"
+    with pytest.raises(ConfigError, match=r"model.attn_implementation='flash'.*allowed: \['eager', 'sdpa'\]"):
+        models.validate_model_cfg(tiny_cfg(attn_implementation="flash"))
+    old = {"model": {"name": "tiny", "dtype": "float32"}}  # a config.yaml written before the key
+    assert config_differences(old, {"model": {"name": "tiny", "dtype": "float32", "attn_implementation": "eager"}}) == []
+    assert config_differences(old, {"model": {"name": "tiny", "dtype": "float32", "attn_implementation": "sdpa"}}) == [
+        ("model.attn_implementation", "eager", "sdpa")]

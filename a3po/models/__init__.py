@@ -16,7 +16,8 @@ import torch
 
 from a3po.cfg_access import cfg_get
 from a3po.errors import ConfigError
-from a3po.models.loading import DTYPES, check_chat_template, load_pretrained, prepare_tokenizer
+from a3po.models.loading import (ATTN_IMPLEMENTATIONS, DTYPES, attn_implementation, check_chat_template, load_pretrained,
+                                 prepare_tokenizer)
 from a3po.models.smollm2 import (CONVERSION_MARKER, SMOLLM2_CACHE_NAME, cache_root, ensure_smollm2_converted,
                                  find_smollm2_gguf, is_converted, smollm2_cache_dir)
 from a3po.models.tiny import TINY_SIZE_KEYS, build_tiny
@@ -40,6 +41,9 @@ def validate_model_cfg(model_cfg: Any) -> None:
     dtype = cfg_get(model_cfg, "dtype", "float32")
     if dtype not in DTYPES:
         raise ConfigError(f"model.dtype={dtype!r} is not supported; allowed: {list(DTYPES)}")
+    if attn_implementation(model_cfg) not in ATTN_IMPLEMENTATIONS:
+        raise ConfigError(f"model.attn_implementation={attn_implementation(model_cfg)!r} is not allowed; "
+                          f"allowed: {list(ATTN_IMPLEMENTATIONS)}")
     if source == "hub":
         path = cfg_get(model_cfg, "path")
         if not path or not isinstance(path, str):
@@ -84,10 +88,11 @@ def load_policy(model_cfg: Any, *, device: str | torch.device = "cpu", seed: int
     dtype = DTYPES[cfg_get(model_cfg, "dtype", "float32")]
     if source == "smollm2_gguf":
         model_dir = ensure_smollm2_converted()
-        model, tokenizer = load_pretrained(str(model_dir), dtype)
+        model, tokenizer = load_pretrained(str(model_dir), dtype, attn_implementation(model_cfg))
         check_chat_template(tokenizer, model_dir)
     elif source == "hub":
-        model, tokenizer = load_pretrained(os.path.expanduser(cfg_get(model_cfg, "path")), dtype)
+        model, tokenizer = load_pretrained(os.path.expanduser(cfg_get(model_cfg, "path")), dtype,
+                                           attn_implementation(model_cfg))
     else:
         model, tokenizer = build_tiny(model_cfg, dtype, seed)
     prepare_tokenizer(tokenizer)

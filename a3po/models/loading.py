@@ -8,13 +8,24 @@ from pathlib import Path
 import torch
 
 
-__all__ = ["DTYPES", "ATTN_IMPLEMENTATION", "dtype_kwargs", "load_pretrained", "prepare_tokenizer", "check_chat_template"]
+__all__ = ["DTYPES", "ATTN_IMPLEMENTATION", "ATTN_IMPLEMENTATIONS", "attn_implementation", "dtype_kwargs",
+           "load_pretrained", "prepare_tokenizer", "check_chat_template"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# eager attention: the behaviour log-probs of a batched, left-padded `generate` match the
-# trainer's right-padded forward more closely than with sdpa, and its masked softmax is one
-# code path whatever the padding (docs/benchmarks.md, "Attention implementation").
+# `model.attn_implementation`, the default and what a run directory without the key used. eager:
+# the engine's left-padded log-probs match the trainer's right-padded forward more closely than
+# with sdpa, its masked softmax is one code path whatever the padding, and on the CPUs measured
+# it is also the faster one in bf16 (docs/benchmarks.md, "Attention implementation"). sdpa is
+# there for GPUs, where the fused kernels are the fast path.
 ATTN_IMPLEMENTATION = "eager"
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
+
+
+def attn_implementation(model_cfg) -> str:
+    """The attention a model config asks for (absent: the default, as every earlier run had)."""
+    from a3po.cfg_access import cfg_get
+
+    return cfg_get(model_cfg, "attn_implementation", None) or ATTN_IMPLEMENTATION
 
 
 def dtype_kwargs(dtype: torch.dtype) -> dict:
@@ -26,13 +37,11 @@ def dtype_kwargs(dtype: torch.dtype) -> dict:
         return {"dtype": dtype}
     return {"torch_dtype": dtype}
 
-def load_pretrained(path: str, dtype: torch.dtype):
+def load_pretrained(path: str, dtype: torch.dtype, attention: str = ATTN_IMPLEMENTATION):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(
-        path, attn_implementation=ATTN_IMPLEMENTATION, **dtype_kwargs(dtype)
-    )
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=attention, **dtype_kwargs(dtype))
     return model, tokenizer
 
 def prepare_tokenizer(tokenizer) -> None:

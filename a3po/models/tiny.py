@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from a3po.cfg_access import cfg_get
-from a3po.models.loading import ATTN_IMPLEMENTATION, prepare_tokenizer
+from a3po.models.loading import attn_implementation, prepare_tokenizer
 from a3po.models.smollm2 import ensure_smollm2_converted
 from a3po.seeds import seeded
 
@@ -41,7 +41,7 @@ def build_tiny(model_cfg: Any, dtype: torch.dtype, seed: int):
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        attn_implementation=ATTN_IMPLEMENTATION,
+        attn_implementation=attn_implementation(model_cfg),
     )
     # A private RNG scope: the model is a function of `seed` alone and the caller's global
     # RNG stream (which the trainer checkpoints) is left untouched.
