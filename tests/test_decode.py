@@ -82,7 +82,7 @@ def test_the_sampler_is_seeded_and_costs_one_uniform_per_row():
     generator = torch.Generator().manual_seed(7)
     sample_next(logits, generator)
     reference = torch.Generator().manual_seed(7)
-    torch.rand(16, 1, generator=reference)
+    torch.rand(16, generator=reference)
     assert torch.equal(generator.get_state(), reference.get_state())  # 16 numbers drawn, not 16 x 1000
 
 
@@ -246,3 +246,49 @@ def test_behave_logp_equals_the_trainers_forward_without_truncation(tiny_cfg, pr
     behave = torch.cat([s.behave_logp for s in samples])
     assert behave.numel() >= 6 * 5
     assert (logp - behave).abs().max().item() < tolerance
+
+
+def _decode_tiny(policy, tokenizer, prompts, *, rows_of=None, autocast_dtype=None, seed=0, max_new_tokens=8):
+    """Every 16th token id stops a row: a random tiny model stops a row every ~16 tokens."""
+    ids, real = _left_padded(prompts, tokenizer.pad_token_id)
+    stop_ids = torch.arange(0, policy.config.vocab_size, 16)
+    return decode(policy, ids, real, max_new_tokens=max_new_tokens, stop_ids=stop_ids,
+                  pad_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed), temperature=1.0,
+                  top_p=1.0, autocast_dtype=autocast_dtype, rows_of=rows_of)
+
+
+def test_a_shared_prefill_samples_what_one_prefill_per_row_samples(tiny):
+    """A GRPO group's prompt is prefilled once and its cache copied to each sample's row."""
+    policy, tokenizer = tiny
+    prompts = [[5, 6, 7, 8], [9, 10]]
+    shared = _decode_tiny(policy, tokenizer, prompts, rows_of=torch.tensor([0, 0, 0, 1, 1, 1]))
+    apart = _decode_tiny(policy, tokenizer, [prompts[0]] * 3 + [prompts[1]] * 3)
+    assert torch.equal(shared.tokens, apart.tokens) and shared.lengths == apart.lengths
+    torch.testing.assert_close(shared.logp, apart.logp, rtol=0, atol=1e-5)
+
+
+def test_stopped_rows_leave_the_batch_without_changing_the_others(tiny, monkeypatch):
+    from a3po.rollout import decode as decode_module
+
+    policy, tokenizer = tiny
+    prompts = [[5, 6, 7, 8], [9, 10], [12, 14, 15], [3, 4]] * 2
+    compacting = _decode_tiny(policy, tokenizer, prompts, max_new_tokens=24)
+    assert 0 < min(compacting.lengths) < 24 and sum(compacting.finished) >= 2  # rows did stop early
+    monkeypatch.setattr(decode_module, "COMPACT_AT", 1.0)  # never drop a row
+    whole = _decode_tiny(policy, tokenizer, prompts, max_new_tokens=24)
+    assert torch.equal(compacting.tokens, whole.tokens) and compacting.lengths == whole.lengths
+    torch.testing.assert_close(compacting.logp, whole.logp, rtol=0, atol=1e-5)
+
+
+def test_a_bf16_cache_holds_what_autocast_would_cast(tiny, monkeypatch):
+    """Keys stored in bf16 when written are the values autocast casts them to at every step."""
+    from a3po.rollout import decode as decode_module
+
+    policy, tokenizer = tiny
+    weights = ComputeWeights(policy, torch.bfloat16)
+    prompts = [[5, 6, 7, 8], [9, 10], [12, 14, 15]]
+    stored = _decode_tiny(weights.module, tokenizer, prompts, autocast_dtype=torch.bfloat16)
+    original = decode_module.PreallocatedCache
+    monkeypatch.setattr(decode_module, "PreallocatedCache", lambda n, capacity, dtype: original(n, capacity))
+    cast_each_step = _decode_tiny(weights.module, tokenizer, prompts, autocast_dtype=torch.bfloat16)
+    assert torch.equal(stored.tokens, cast_each_step.tokens) and torch.equal(stored.logp, cast_each_step.logp)

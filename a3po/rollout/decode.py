@@ -42,13 +42,14 @@ def top_p_keep(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return above < top_p
 
 
-def sample_next(logits: torch.Tensor, generator: torch.Generator, *, temperature: float = 1.0,
-                top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_next(logits: torch.Tensor, generator: torch.Generator | None = None, *, temperature: float = 1.0,
+                top_p: float = 1.0, uniform: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row of `logits` [rows, vocab] and its float32 log-prob under the
     distribution it was sampled from (temperature, then top-p, renormalised).
 
     One uniform per row, found in the cumulative distribution (accumulated in float64, so the
     last entry is the total mass to ~1e-16): O(rows) random numbers instead of O(rows x vocab).
+    `uniform` [rows]: those numbers, drawn by the caller (else one each from `generator`).
     A token of probability 0 is never drawn: the uniform is scaled by the total, strictly below
     the last cumulative value, and the search returns the first entry strictly above it."""
     scores = logits.float()
@@ -57,7 +58,9 @@ def sample_next(logits: torch.Tensor, generator: torch.Generator, *, temperature
     log_z = torch.logsumexp(scores, dim=-1, keepdim=True)
     log_probs = scores - log_z
     probs = log_probs.exp()
-    uniform = torch.rand(scores.shape[0], 1, generator=generator, device=scores.device, dtype=torch.float32)
+    if uniform is None:
+        uniform = torch.rand(scores.shape[0], generator=generator, device=scores.device, dtype=torch.float32)
+    uniform = uniform[:, None]
     if top_p >= 1.0:
         cdf = probs.double().cumsum(-1)  # not cumsum(dtype=): its conversion is 5x slower
         index = torch.searchsorted(cdf, uniform.double() * cdf[:, -1:], right=True)
@@ -80,15 +83,16 @@ class _PreallocatedLayer(CacheLayerMixin):
     write (its dtype and head count are the model's); `update` copies the new positions in and
     returns views of the filled part, so attention reads exactly the sequence so far."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.capacity = capacity
+        self.dtype = dtype
         self.length = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         batch, heads = key_states.shape[:2]
-        self.keys = key_states.new_empty((batch, heads, self.capacity, key_states.shape[-1]))
-        self.values = value_states.new_empty((batch, heads, self.capacity, value_states.shape[-1]))
+        self.keys = key_states.new_empty((batch, heads, self.capacity, key_states.shape[-1]), dtype=self.dtype)
+        self.values = value_states.new_empty((batch, heads, self.capacity, value_states.shape[-1]), dtype=self.dtype)
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -113,10 +117,22 @@ class _PreallocatedLayer(CacheLayerMixin):
 
 
 class PreallocatedCache(Cache):
-    """A transformers Cache whose layers never reallocate: no concatenation per decode step."""
+    """A transformers Cache whose layers never reallocate: no concatenation per decode step.
 
-    def __init__(self, n_layers: int, capacity: int) -> None:
-        super().__init__(layers=[_PreallocatedLayer(capacity) for _ in range(n_layers)])
+    `dtype`: store keys and values in it (None: as they come). Under bf16 autocast, attention's
+    matmuls cast them to bf16 at every step; stored in bf16 they are cast once, when written, to
+    the same values (the rotated keys arrive in float32)."""
+
+    def __init__(self, n_layers: int, capacity: int, dtype: torch.dtype | None = None) -> None:
+        super().__init__(layers=[_PreallocatedLayer(capacity, dtype) for _ in range(n_layers)])
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """The batch's new rows, by index into the current ones (stopped sequences leave; a
+        prompt's cache goes to each of its samples): one copy of every layer."""
+        for layer in self.layers:
+            if layer.is_initialized:
+                layer.keys = layer.keys.index_select(0, rows)
+                layer.values = layer.values.index_select(0, rows)
 
 
 # --------------------------------------------------------------------------- weights
@@ -240,55 +256,77 @@ def _as_mask(allowed: torch.Tensor, implementation: str, dtype: torch.dtype) -> 
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
 
 
+# Rows that have stopped are dropped from the batch once they are this share of it: each drop
+# copies the KV cache, so not after every stop; measured in docs/benchmarks.md.
+COMPACT_AT = 0.25
+
+
 @torch.no_grad()
 def decode(model: torch.nn.Module, input_ids: torch.Tensor, real: torch.Tensor, *, max_new_tokens: int,
            stop_ids: torch.Tensor, pad_id: int, generator: torch.Generator, temperature: float, top_p: float,
-           autocast_dtype: torch.dtype | None) -> Decoded:
-    """Sample up to `max_new_tokens` per row of left-padded prompts `input_ids` [rows, width]
-    (`real` marks the prompt tokens), stopping a row at its first token in `stop_ids` and the
-    loop when every row has stopped.
+           autocast_dtype: torch.dtype | None, rows_of: torch.Tensor | None = None) -> Decoded:
+    """Sample up to `max_new_tokens` per row, stopping a row at its first token in `stop_ids`
+    and the loop when every row has stopped. Stopped rows leave the batch (`COMPACT_AT`).
+
+    `input_ids` [prompts, width] are left-padded prompts (`real` marks their tokens); row r of
+    the result continues prompt `rows_of[r]` (default: one row per prompt). Each prompt is
+    prefilled once and its KV cache copied to its rows: a GRPO group's samples share a prompt.
 
     Positions count real tokens only (a left-padded row's first prompt token is position 0), as
     in the trainer's right-padded forward. The decoder and the output layer are called apart,
-    as the trainer calls them (`Trainer._response_logits`), on the last position only."""
+    as the trainer calls them (`Trainer._response_logits`), on the last position only. One
+    host read a step: how many rows still run."""
     implementation = getattr(model.config, "_attn_implementation", "eager")
     if implementation not in ATTENTION_IMPLEMENTATIONS:
         raise ValueError(f"the HF engine's decode loop supports attention {ATTENTION_IMPLEMENTATIONS}, "
                          f"not {implementation!r}; load the model with one of them or use rollout.name=vllm")
     decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
     device = input_ids.device
-    rows, width = input_ids.shape
-    cache = PreallocatedCache(model.config.num_hidden_layers, width + max_new_tokens)
+    width = input_ids.shape[1]
+    rows_of = torch.arange(input_ids.shape[0], device=device) if rows_of is None else rows_of
+    rows = rows_of.numel()
+    cache = PreallocatedCache(model.config.num_hidden_layers, width + max_new_tokens, autocast_dtype)
     mask_dtype = decoder.get_input_embeddings().weight.dtype
     prefill_mask, keys_real = _attention_masks(real, implementation, mask_dtype)
-    keys_real = torch.cat([keys_real, torch.ones(rows, max_new_tokens, dtype=torch.bool, device=device)], dim=1)
+    keys_real = torch.cat([keys_real[rows_of], torch.ones(rows, max_new_tokens, dtype=torch.bool, device=device)], dim=1)
     positions = (real.long().cumsum(-1) - 1).clamp_(min=0)
     tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logp = torch.zeros((rows, max_new_tokens), dtype=torch.float32, device=device)
-    done = torch.zeros(rows, dtype=torch.bool, device=device)
-    stopped_at = torch.full((rows,), max_new_tokens, dtype=torch.long, device=device)
+    stopped_at = torch.zeros(rows, dtype=torch.long, device=device)  # 0: still running
+    running = torch.arange(rows, device=device)  # the batch's rows, as indices into the chunk's
+    alive = torch.ones(rows, dtype=torch.bool, device=device)  # per batch row: not stopped
     step_input, step_mask, step_positions = input_ids, prefill_mask, positions
-    next_position = positions[:, -1:] + 1
+    next_position = positions[rows_of, -1:] + 1
     steps = 0
     with autocast(device, autocast_dtype):
         for step in range(max_new_tokens):
             hidden = decoder(input_ids=step_input, attention_mask=step_mask, position_ids=step_positions,
-                             past_key_values=cache, use_cache=True).last_hidden_state
-            logits = lm_head(hidden[:, -1])
-            token, token_logp = sample_next(logits, generator, temperature=temperature, top_p=top_p)
-            token = torch.where(done, pad_id, token)
-            tokens[:, step] = token
-            logp[:, step] = torch.where(done, 0.0, token_logp)
-            stops = ~done & torch.isin(token, stop_ids)
-            stopped_at = torch.where(stops, step + 1, stopped_at)
-            done |= stops
+                             past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
+            if step == 0:  # the prefill: each prompt once, then its cache and last state to its rows
+                hidden = hidden.index_select(0, rows_of)
+                cache.keep_rows(rows_of)
+            # one uniform per row of the chunk, stopped or not: a row's draws do not depend on
+            # which other rows still run, so leaving the batch changes no sample
+            uniform = torch.rand(rows, generator=generator, device=device, dtype=torch.float32)[running]
+            token, token_logp = sample_next(lm_head(hidden), temperature=temperature, top_p=top_p, uniform=uniform)
+            token = torch.where(alive, token, pad_id)
+            tokens[running, step] = token
+            logp[running, step] = torch.where(alive, token_logp, 0.0)
+            stops = alive & torch.isin(token, stop_ids)
+            stopped_at[running] = torch.where(stops, step + 1, stopped_at[running])
+            alive &= ~stops
             steps = step + 1
-            if bool(done.all()):  # one host read a token: the loop's only sync
+            n_alive = int(alive.sum())  # the loop's one host read a step
+            if n_alive == 0:
                 break
+            if n_alive <= (1 - COMPACT_AT) * alive.numel():
+                keep = alive.nonzero().squeeze(1)
+                cache.keep_rows(keep)
+                running, alive, token = running[keep], alive[keep], token[keep]
+                keys_real, next_position = keys_real[keep], next_position[keep]
             length = width + step + 1
             step_input, step_positions = token[:, None], next_position
             next_position = next_position + 1
             step_mask = _as_mask(keys_real[:, None, None, :length], implementation, mask_dtype)
-    finished = done.tolist()
-    lengths = [n if stop else steps for n, stop in zip(stopped_at.tolist(), finished)]
-    return Decoded(tokens[:, :steps], logp[:, :steps], lengths, finished)
+    lengths = [n if n else steps for n in stopped_at.tolist()]
+    return Decoded(tokens[:, :steps], logp[:, :steps], lengths, [n > 0 for n in stopped_at.tolist()])

@@ -76,10 +76,12 @@ class HFEngine:
 
     def _generate_chunk(self, requests: list[list[int]], generator: torch.Generator,
                         device: torch.device) -> list[Sample]:
+        distinct = list(dict.fromkeys(map(tuple, requests)))  # a group's samples share one prefill
+        rows_of = torch.tensor([distinct.index(tuple(r)) for r in requests])
         width = max(len(r) for r in requests)
-        input_ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
-        real = torch.zeros((len(requests), width), dtype=torch.bool)
-        for row, ids in enumerate(requests):  # left padding: every prompt ends at the same column
+        input_ids = torch.full((len(distinct), width), self.pad_id, dtype=torch.long)
+        real = torch.zeros((len(distinct), width), dtype=torch.bool)
+        for row, ids in enumerate(distinct):  # left padding: every prompt ends at the same column
             input_ids[row, width - len(ids):] = torch.tensor(ids)
             real[row, width - len(ids):] = True
         module = self.weights.module
@@ -89,7 +91,7 @@ class HFEngine:
             out = decode(module, input_ids.to(device), real.to(device), max_new_tokens=self.max_new_tokens,
                          stop_ids=torch.tensor(sorted(self.eos_ids), device=device), pad_id=self.pad_id,
                          generator=generator, temperature=self.temperature, top_p=self.top_p,
-                         autocast_dtype=self.autocast_dtype)
+                         autocast_dtype=self.autocast_dtype, rows_of=rows_of.to(device))
         finally:
             module.train(was_training)
         tokens, logp = out.tokens.cpu(), out.logp.cpu()
