@@ -209,27 +209,30 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 minibatch_loss = torch.zeros((), device=self.device)
                 finite_flags: list[torch.Tensor] = []
-                for micro in plan:
-                    if not micro:  # another rank has more micro-batches (`_equal_micro_batch_counts`)
-                        self._idle_pass(samples, backward=True)
-                        continue
-                    tokens = self._micro_batch_tensors([samples[i] for i in micro], advantages[micro])
-                    logp, entropy = self.response_logp([samples[i] for i in micro])
-                    if self.error_schedules:
-                        record_fidelity(self, metrics, torch.cat([recomputed[i] for i in micro]), logp, entropy,
-                                        tokens, version, index, len(plans), first=micro is next(m for m in plan if m))
-                    if recompute:
-                        prox = torch.cat([recomputed[i] for i in micro])
-                    else:
-                        with approximation_time.span():
-                            prox = self.approximate_prox(tokens["behave"], logp, tokens["versions"], version,
-                                                         position=index / len(plans))
-                            finite_flags.append(all_finite(prox))
-                    loss, stats = self.loss(logp, prox, tokens)
-                    weight = logp.numel() / n_tokens  # token mean over the whole minibatch, every rank's shard
-                    (loss * weight).backward()
-                    minibatch_loss = minibatch_loss + loss.detach() * weight
-                    metrics.add({**stats, "actor/entropy": entropy.mean()}, n_tokens=logp.numel())
+                # One autocast scope per minibatch: its weights are cast to the compute dtype once, not
+                # once per micro-batch (they change only at the optimizer step; the same values either way).
+                with autocast(self.device, self.autocast_dtype):
+                    for micro in plan:
+                        if not micro:  # another rank has more micro-batches (`_equal_micro_batch_counts`)
+                            self._idle_pass(samples, backward=True)
+                            continue
+                        tokens = self._micro_batch_tensors([samples[i] for i in micro], advantages[micro])
+                        logp, entropy = self.response_logp([samples[i] for i in micro])
+                        if self.error_schedules:
+                            record_fidelity(self, metrics, torch.cat([recomputed[i] for i in micro]), logp, entropy,
+                                            tokens, version, index, len(plans), first=micro is next(m for m in plan if m))
+                        if recompute:
+                            prox = torch.cat([recomputed[i] for i in micro])
+                        else:
+                            with approximation_time.span():
+                                prox = self.approximate_prox(tokens["behave"], logp, tokens["versions"], version,
+                                                             position=index / len(plans))
+                                finite_flags.append(all_finite(prox))
+                        loss, stats = self.loss(logp, prox, tokens)
+                        weight = logp.numel() / n_tokens  # token mean over the whole minibatch, every rank's shard
+                        (loss * weight).backward()
+                        minibatch_loss = minibatch_loss + loss.detach() * weight
+                        metrics.add({**stats, "actor/entropy": entropy.mean()}, n_tokens=logp.numel())
                 grad_norm = local_value(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.train.grad_clip))
                 # one host sync per minibatch, before the update: nothing non-finite reaches the weights
                 self.check_update(finite_flags, minibatch_loss, grad_norm, version, index, len(plans))
