@@ -10,7 +10,9 @@ from a3po.run.main import run, run_dir_of
 
 
 @pytest.mark.parametrize("n_minibatches", [1, 2])
-def test_step_start_tracks_recompute_where_inverse_cannot(tiny_cfg, n_minibatches):
+def test_step_start_tracks_recompute_where_inverse_cannot(tiny_cfg, n_minibatches, earnable_reward):
+    """With a reward the tiny model earns, so the policy moves between versions (with the arith
+    task's constant 0 every advantage is 0 and the policy never changes: no drift to track)."""
     cfg = tiny_cfg("algo=recompute", "staleness=2", "train.total_steps=4", "train.log_prox_errors=true",
                    f"train.n_minibatches={n_minibatches}", "train.lr=1e-3")
     run(cfg)
