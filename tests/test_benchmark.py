@@ -173,18 +173,26 @@ def test_padding_stats_counts_count_times_longest():
     assert stats["padding_waste"] == pytest.approx(1 - 20 / 24)
 
 
-def test_start_state_restores_weights_in_place_and_drops_optimizer_state():
+def test_start_state_restores_weights_in_place_and_zeroes_optimizer_state():
+    """Every repetition computes the first step's numbers, without a first step's allocations."""
     model = torch.nn.Linear(3, 2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
     state = StartState(model, optimizer)
     weight, live_weight = model.weight.detach().clone(), model.weight
-    for _ in range(2):
+
+    def train_once():
         model(torch.ones(1, 3)).sum().backward()
         optimizer.step()
+        return model.weight.detach().clone()
+
+    first = train_once()
+    train_once()
     assert not torch.equal(model.weight, weight) and optimizer.state
+    moments = optimizer.state[model.weight]["exp_avg"]
     state.restore()
-    assert model.weight is live_weight and torch.equal(model.weight, weight)
-    assert not optimizer.state and model.weight.grad is None
+    assert model.weight is live_weight and torch.equal(model.weight, weight) and model.weight.grad is None
+    assert optimizer.state[model.weight]["exp_avg"] is moments and not moments.any()  # zeroed in place
+    assert torch.equal(train_once(), first)  # as a run's first step
 
 
 def test_measure_times_one_call_after_each_setup_unless_blocked():
