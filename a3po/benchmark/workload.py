@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import torch
 from omegaconf import DictConfig, open_dict
 
+from a3po.allocator import retain_freed_memory
 from a3po.batch import RolloutBatch, Sample
 from a3po.device import resolve_device, resolve_precision
 from a3po.learner.trainer import Trainer
@@ -203,6 +204,7 @@ def build_workload(cfg: DictConfig, options: BenchmarkOptions) -> Workload:
 
     device = resolve_device(cfg.device)
     precision = resolve_precision(cfg.get("precision", "auto"), device, cfg.model.get("dtype", "float32"))
+    retain_freed_memory()  # as a training run does (a3po.run.main)
     torch.manual_seed(cfg.seed)
     policy, tokenizer = load_policy(cfg.model, device=device, seed=cfg.seed)
     reference = make_trainer(cfg, policy, tokenizer, "recompute", "inverse", device, PhaseTimer(device), precision)
