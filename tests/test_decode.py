@@ -11,7 +11,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from a3po.rollout.decode import ComputeWeights, PreallocatedCache, decode, sample_next, top_p_keep
+from a3po.rollout.decode import PreallocatedCache, decode, sample_next, top_p_keep
+from a3po.rollout.weights import ComputeWeights
 
 from conftest import CONF_DIR
 

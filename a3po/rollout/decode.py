@@ -6,9 +6,10 @@ was autocast re-casting every float32 weight at every decode step, a sampler dra
 exponential per vocabulary entry per row per token, a KV cache that grows by concatenation, and
 the stored full-vocabulary scores of every step (batch x tokens x vocab floats). Here:
 
-- the weights are the engine's: `ComputeWeights` keeps a copy whose linear layers are stored in
-  the compute dtype, refreshed at each weight sync, so autocast has nothing left to cast (a bf16
-  tensor's autocast cast is itself: the logits are bit for bit those of the float32 weights);
+- the weights are the engine's: `a3po.rollout.weights.ComputeWeights` keeps a copy whose linear
+  layers are stored in the compute dtype, refreshed at each weight sync, so autocast has nothing
+  left to cast (a bf16 tensor's autocast cast is itself: the logits are bit for bit those of the
+  float32 weights);
 - `sample_next` draws one uniform per row against the cumulative distribution (top-p on the
   same sorted pass) and returns the sampled token's log-prob from the step's float32
   log-softmax, so nothing of size tokens x vocab outlives its step;
@@ -22,7 +23,6 @@ is not the same (`tests/test_decode.py` checks the distribution against exact pr
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +30,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from a3po.device import autocast
 
-__all__ = ["ComputeWeights", "PreallocatedCache", "Decoded", "sample_next", "top_p_keep", "decode"]
+__all__ = ["PreallocatedCache", "Decoded", "sample_next", "top_p_keep", "decode"]
 
 
 # --------------------------------------------------------------------------- sampling
@@ -135,93 +135,6 @@ class PreallocatedCache(Cache):
                 layer.values = layer.values.index_select(0, rows)
 
 
-# --------------------------------------------------------------------------- weights
-class ComputeWeights:
-    """The rollout's module, its weights as the compute dtype wants them.
-
-    - float32 (`dtype` None) and not `private`: the policy itself, nothing to copy or cast.
-    - otherwise a copy whose nn.Linear weights and biases are stored in `dtype` (the autocast
-      dtype), everything else (norms, embeddings) as in the policy. Under autocast a linear
-      layer computes with its weights cast to that dtype, so the copy's logits equal the
-      policy's bit for bit, minus the casts. A tied output layer (SmolLM2's lm_head shares the
-      embedding) is untied: the embedding stays float32, as autocast leaves it.
-    - not `private` (the engine samples between the trainer's steps): the parameters that need
-      no cast are the policy's own tensors, shared; `private` (generation concurrent with
-      training, `HFCopyEngine`): every tensor is the copy's own.
-
-    `refresh(policy)` copies the policy's current weights in (casting), one pass over the
-    parameters: the weight sync. `load_state` does it from a state dict (a staged update)."""
-
-    def __init__(self, policy: torch.nn.Module, dtype: torch.dtype | None, *, private: bool = False) -> None:
-        self.dtype = dtype
-        self.private = private
-        self.module = policy if dtype is None and not private else self._copy(policy, dtype, share=not private)
-
-    @staticmethod
-    def _copy(policy: torch.nn.Module, dtype: torch.dtype | None, *, share: bool) -> torch.nn.Module:
-        memo: dict[int, torch.Tensor] = {}
-        shared = _shared_parameter_ids(policy)
-        linear = {id(p) for m in policy.modules() if isinstance(m, torch.nn.Linear) for p in (m.weight, m.bias)
-                  if p is not None}
-        for param in policy.parameters():
-            if dtype is not None and id(param) in linear and id(param) not in shared:
-                memo[id(param)] = torch.nn.Parameter(param.detach().to(dtype), requires_grad=param.requires_grad)
-            elif share and (id(param) not in linear or id(param) in shared):
-                memo[id(param)] = param  # a tied output layer gets a tensor of its own below
-        module_copy = copy.deepcopy(policy, memo)
-        if dtype is not None:
-            for module in module_copy.modules():  # a tied output layer: a compute-dtype tensor of its own
-                if isinstance(module, torch.nn.Linear):
-                    for name in ("weight", "bias"):
-                        param = getattr(module, name)
-                        if param is not None and param.dtype != dtype:
-                            setattr(module, name, torch.nn.Parameter(param.detach().to(dtype),
-                                                                     requires_grad=param.requires_grad))
-        return module_copy
-
-    @staticmethod
-    def _pairs_of(policy: torch.nn.Module, module_copy: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        source = dict(policy.named_parameters(remove_duplicate=False))
-        return [(source[name], param) for name, param in module_copy.named_parameters(remove_duplicate=False)
-                if source[name] is not param]
-
-    @torch.no_grad()
-    def refresh(self, policy: torch.nn.Module) -> None:
-        """Load `policy`'s current weights (nothing to do where the module is the policy)."""
-        if self.module is not policy and self.dtype is None and not self.private:
-            self.module = policy
-        elif self.module is not policy:
-            for source, target in self._pairs_of(policy, self.module):
-                target.copy_(source)
-
-    @torch.no_grad()
-    def load_state(self, state: dict[str, torch.Tensor]) -> None:
-        """Load a state dict (the async engine's staged update), casting where the copy's
-        tensors are of the compute dtype; a tied weight's one entry feeds both its copies."""
-        for name, tensor in self.module.named_parameters(remove_duplicate=False):
-            source = state.get(name)
-            if source is None:  # an untied output layer: the state dict holds the tie once
-                source = state[_tied_source(self.module, name)]
-            tensor.copy_(source)
-        for name, tensor in self.module.named_buffers(remove_duplicate=False):
-            if name in state:  # a non-persistent buffer (rotary frequencies) is not in it, and never changes
-                tensor.copy_(state[name])
-
-
-def _shared_parameter_ids(policy: torch.nn.Module) -> set[int]:
-    seen: dict[int, int] = {}
-    for _, param in policy.named_parameters(remove_duplicate=False):
-        seen[id(param)] = seen.get(id(param), 0) + 1
-    return {key for key, count in seen.items() if count > 1}
-
-
-def _tied_source(module: torch.nn.Module, name: str) -> str:
-    keys = getattr(module, "_tied_weights_keys", None) or {}
-    if isinstance(keys, dict) and name in keys:
-        return keys[name]
-    raise KeyError(f"{name} is missing from the state dict and is not a tied weight of {type(module).__name__}")
-
-
 # --------------------------------------------------------------------------- the loop
 @dataclass
 class Decoded:
@@ -261,6 +174,45 @@ ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
 COMPACT_AT = 0.25
 
 
+class _Rows:
+    """The chunk's rows as the loop runs them: what each has sampled so far (indexed by chunk
+    row), and for the rows still in the batch (`running`, chunk indices) whether each is still
+    alive, which key positions are real, and the position its next token takes."""
+
+    def __init__(self, rows: int, max_new_tokens: int, pad_id: int, keys_real: torch.Tensor,
+                 next_position: torch.Tensor) -> None:
+        device = keys_real.device
+        self.tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
+        self.logp = torch.zeros((rows, max_new_tokens), dtype=torch.float32, device=device)
+        self.stopped_at = torch.zeros(rows, dtype=torch.long, device=device)  # 0: still running
+        self.running = torch.arange(rows, device=device)
+        self.alive = torch.ones(rows, dtype=torch.bool, device=device)
+        self.keys_real, self.next_position, self.pad_id = keys_real, next_position, pad_id
+
+    def record(self, step: int, token: torch.Tensor, token_logp: torch.Tensor, stop_ids: torch.Tensor) -> torch.Tensor:
+        """Store the step's samples (pad and 0 for rows already stopped); returns the tokens fed next."""
+        token = torch.where(self.alive, token, self.pad_id)
+        self.tokens[self.running, step] = token
+        self.logp[self.running, step] = torch.where(self.alive, token_logp, 0.0)
+        stops = self.alive & torch.isin(token, stop_ids)
+        self.stopped_at[self.running] = torch.where(stops, step + 1, self.stopped_at[self.running])
+        self.alive &= ~stops
+        return token
+
+    def leave(self, cache: PreallocatedCache, token: torch.Tensor) -> torch.Tensor:
+        """Drop the stopped rows from the batch and the cache; returns the live rows' tokens."""
+        keep = self.alive.nonzero().squeeze(1)
+        cache.keep_rows(keep)
+        self.running, self.alive = self.running[keep], self.alive[keep]
+        self.keys_real, self.next_position = self.keys_real[keep], self.next_position[keep]
+        return token[keep]
+
+    def result(self, steps: int) -> Decoded:
+        stopped_at = self.stopped_at.tolist()
+        return Decoded(self.tokens[:, :steps], self.logp[:, :steps], [n if n else steps for n in stopped_at],
+                       [n > 0 for n in stopped_at])
+
+
 @torch.no_grad()
 def decode(model: torch.nn.Module, input_ids: torch.Tensor, real: torch.Tensor, *, max_new_tokens: int,
            stop_ids: torch.Tensor, pad_id: int, generator: torch.Generator, temperature: float, top_p: float,
@@ -281,23 +233,16 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, real: torch.Tensor, 
         raise ValueError(f"the HF engine's decode loop supports attention {ATTENTION_IMPLEMENTATIONS}, "
                          f"not {implementation!r}; load the model with one of them or use rollout.name=vllm")
     decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
-    device = input_ids.device
-    width = input_ids.shape[1]
+    device, width = input_ids.device, input_ids.shape[1]
     rows_of = torch.arange(input_ids.shape[0], device=device) if rows_of is None else rows_of
-    rows = rows_of.numel()
+    n_rows = rows_of.numel()
     cache = PreallocatedCache(model.config.num_hidden_layers, width + max_new_tokens, autocast_dtype)
     mask_dtype = decoder.get_input_embeddings().weight.dtype
-    prefill_mask, keys_real = _attention_masks(real, implementation, mask_dtype)
-    keys_real = torch.cat([keys_real[rows_of], torch.ones(rows, max_new_tokens, dtype=torch.bool, device=device)], dim=1)
+    step_mask, keys_real = _attention_masks(real, implementation, mask_dtype)
     positions = (real.long().cumsum(-1) - 1).clamp_(min=0)
-    tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
-    logp = torch.zeros((rows, max_new_tokens), dtype=torch.float32, device=device)
-    stopped_at = torch.zeros(rows, dtype=torch.long, device=device)  # 0: still running
-    running = torch.arange(rows, device=device)  # the batch's rows, as indices into the chunk's
-    alive = torch.ones(rows, dtype=torch.bool, device=device)  # per batch row: not stopped
-    step_input, step_mask, step_positions = input_ids, prefill_mask, positions
-    next_position = positions[rows_of, -1:] + 1
-    steps = 0
+    rows = _Rows(n_rows, max_new_tokens, pad_id, next_position=positions[rows_of, -1:] + 1,
+                 keys_real=torch.cat([keys_real[rows_of], keys_real.new_ones(n_rows, max_new_tokens)], dim=1))
+    step_input, step_positions, step = input_ids, positions, 0
     with autocast(device, autocast_dtype):
         for step in range(max_new_tokens):
             hidden = decoder(input_ids=step_input, attention_mask=step_mask, position_ids=step_positions,
@@ -307,26 +252,15 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, real: torch.Tensor, 
                 cache.keep_rows(rows_of)
             # one uniform per row of the chunk, stopped or not: a row's draws do not depend on
             # which other rows still run, so leaving the batch changes no sample
-            uniform = torch.rand(rows, generator=generator, device=device, dtype=torch.float32)[running]
+            uniform = torch.rand(n_rows, generator=generator, device=device, dtype=torch.float32)[rows.running]
             token, token_logp = sample_next(lm_head(hidden), temperature=temperature, top_p=top_p, uniform=uniform)
-            token = torch.where(alive, token, pad_id)
-            tokens[running, step] = token
-            logp[running, step] = torch.where(alive, token_logp, 0.0)
-            stops = alive & torch.isin(token, stop_ids)
-            stopped_at[running] = torch.where(stops, step + 1, stopped_at[running])
-            alive &= ~stops
-            steps = step + 1
-            n_alive = int(alive.sum())  # the loop's one host read a step
+            token = rows.record(step, token, token_logp, stop_ids)
+            n_alive = int(rows.alive.sum())  # the loop's one host read a step
             if n_alive == 0:
                 break
-            if n_alive <= (1 - COMPACT_AT) * alive.numel():
-                keep = alive.nonzero().squeeze(1)
-                cache.keep_rows(keep)
-                running, alive, token = running[keep], alive[keep], token[keep]
-                keys_real, next_position = keys_real[keep], next_position[keep]
-            length = width + step + 1
-            step_input, step_positions = token[:, None], next_position
-            next_position = next_position + 1
-            step_mask = _as_mask(keys_real[:, None, None, :length], implementation, mask_dtype)
-    lengths = [n if n else steps for n in stopped_at.tolist()]
-    return Decoded(tokens[:, :steps], logp[:, :steps], lengths, [n > 0 for n in stopped_at.tolist()])
+            if n_alive <= (1 - COMPACT_AT) * rows.alive.numel():
+                token = rows.leave(cache, token)
+            step_input, step_positions = token[:, None], rows.next_position
+            rows.next_position = rows.next_position + 1
+            step_mask = _as_mask(rows.keys_real[:, None, None, :width + step + 1], implementation, mask_dtype)
+    return rows.result(step + 1)

@@ -17,7 +17,8 @@ import torch
 from a3po.batch import Sample
 from a3po.device import autocast_dtype
 from a3po.rollout.base import GenerationCancelled, StagedWeightUpdates
-from a3po.rollout.decode import ComputeWeights, decode
+from a3po.rollout.decode import decode
+from a3po.rollout.weights import ComputeWeights
 
 
 class HFEngine:
