@@ -26,6 +26,9 @@ RUNTIMES = {"lagged": LaggedRuntime, "async": AsyncRuntime}
 ROLLOUT_SCHEMAS = {"hf": RolloutConfig, "vllm": VLLMRolloutConfig}
 # A run directory that holds another config's run: stop (error) or start it afresh (restart).
 ON_CONFIG_CHANGE = ("error", "restart")
+# Before anything loads, a run's estimated peak memory against the machine's (a3po.run.memory_check):
+# refuse a run that cannot fit (error), only say so (warn), or make no estimate (off).
+MEMORY_CHECK_MODES = ("error", "warn", "off")
 
 register_resolvers()
 
@@ -101,6 +104,11 @@ def validate_config(cfg: DictConfig) -> None:
     validate_task_cfg(cfg.task)
 
 
+def memory_check_mode(value: Any) -> Any:
+    """`memory_check` as a mode: YAML reads an unquoted `off` as false, which means off."""
+    return "off" if value is False else value
+
+
 def _validate_top(cfg: DictConfig) -> None:
     _require(_is_int(cfg.staleness) and cfg.staleness >= 0, "staleness", cfg.staleness, "it must be an integer >= 0")
     _require(_is_int(cfg.seed) and cfg.seed >= 0, "seed", cfg.seed, "it must be an integer >= 0")
@@ -110,6 +118,9 @@ def _validate_top(cfg: DictConfig) -> None:
              f"allowed: {list(PRECISIONS)}")
     _require(cfg.on_config_change in ON_CONFIG_CHANGE, "on_config_change", cfg.on_config_change,
              f"allowed: {list(ON_CONFIG_CHANGE)}")
+    memory_check = memory_check_mode(cfg.get("memory_check", "error"))  # absent (an older config): the default
+    _require(memory_check in MEMORY_CHECK_MODES, "memory_check", memory_check,
+             f"allowed: {list(MEMORY_CHECK_MODES)} (error: refuse a run that cannot fit; warn: only say so; off: no estimate)")
 
 
 def _validate_train(train: DictConfig) -> None:

@@ -44,6 +44,7 @@ RESULT_NEUTRAL_KEYS = (
     "logger",
     "output_root",
     "on_config_change",
+    "memory_check",  # whether a run that may not fit starts; a run that starts computes the same
     "train.max_steps_this_run",
     "train.checkpoint_every",
     "train.keep_checkpoint",

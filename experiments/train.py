@@ -16,6 +16,7 @@ import a3po.config  # noqa: E402,F401  (registers the run-name resolver used by 
 from a3po.errors import ConfigError  # noqa: E402
 from a3po.run.health import EXIT_CONFIG_ERROR, EXIT_DIVERGED, RunDiverged  # noqa: E402
 from a3po.run.main import run  # noqa: E402
+from a3po.run.rundir import remove_refused_job_dir  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -30,8 +31,11 @@ def main(cfg: DictConfig) -> None:
         # hydra.sweep.dir/hydra.sweep.subdir in a sweep (conf/config.yaml sets the defaults).
         run(cfg, run_dir=HydraConfig.get().runtime.output_dir)
     except ConfigError as err:
-        # A config mistake is the user's to fix: say what, not where in our code.
+        # A config mistake is the user's to fix: say what, not where in our code. A refused run
+        # leaves no directory: the one Hydra made for it goes, where it holds only Hydra's files.
         print(f"config error: {err}", file=sys.stderr)
+        job = HydraConfig.get()
+        remove_refused_job_dir(Path(job.runtime.output_dir), f"{job.job.name}.log", stop_at=Path(cfg.output_root))
         raise SystemExit(EXIT_CONFIG_ERROR) from None
     except RunDiverged as err:
         # An outcome, recorded in the run directory (diverged.json), not a crash. A sweep's jobs

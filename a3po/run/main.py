@@ -1,6 +1,7 @@
 """`run(cfg)`: one training run, from a composed config to metrics.jsonl and last.pt.
 
-Validate the config (before anything heavy loads) -> claim the run directory and read where
+Validate the config (before anything heavy loads) -> check that the run fits the machine's
+memory (a3po.run.memory) -> claim the run directory and read where
 it stands (a3po.run.resume) -> build the parts (a3po.run.parts) -> restore the checkpoint ->
 warm up -> the loop (a3po.run.loop). Re-running the same command resumes from
 `checkpoints/last.pt`; a finished run returns at once, and a diverged one (a3po.run.health)
@@ -14,17 +15,20 @@ rank trains on its shard of each minibatch.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import DictConfig
 
+from a3po.allocator import retain_freed_memory
 from a3po.config import validate_config, validate_world
 from a3po.device import resolve_device, resolve_precision
 from a3po.distributed import DistInfo, close_distributed, init_distributed, launched_world, rank_device
 from a3po.run.health import RunDiverged
 from a3po.run.loop import train_loop
+from a3po.run.memory_check import check_memory
 from a3po.run.metrics_log import MetricsLogger
 from a3po.run.parts import build_parts, warm_up
 from a3po.run.resume import open_run_dir, restore
@@ -49,6 +53,11 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     # The resolved precision is what the run records (config.yaml, wandb, run name): `auto`
     # may mean bf16 on one machine and fp32 on another, and those are different runs.
     cfg.precision = resolve_precision(cfg.get("precision", "auto"), device, cfg.model.get("dtype", "float32"))
+    # Will it fit? Before the run directory is claimed and any weight loads, so a config too large
+    # for the machine stops in seconds with a config error instead of the OOM killer's exit 137.
+    # Every rank checks its own device (a refused rank ends a torchrun job).
+    world = launched_world()
+    check_memory(cfg, rank_device(device, DistInfo(world=world, local_rank=int(os.environ.get("LOCAL_RANK", "0")))), world)
     run_dir = Path(run_dir) if run_dir is not None else run_dir_of(cfg)
     dist = init_distributed(device)
     try:
@@ -66,6 +75,7 @@ def _run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: DistInfo) -
     if verdict["diverged"] is not None:  # an outcome of this config: rerunning would only repeat it
         raise RunDiverged(run_dir, verdict["diverged"])
     seed_everything(rank_seed(cfg.seed, dist.rank))
+    retain_freed_memory()  # a step's re-allocations reuse host memory instead of faulting it in again
     parts = build_parts(cfg, run_dir, device, dist)
     restore(parts, checkpoint, resuming=verdict["resume_step"] is not None)
     start_step = verdict["resume_step"] or 0

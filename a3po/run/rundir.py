@@ -16,6 +16,10 @@ and never deletes (`on_config_change=restart`), resumes or appends to a live run
 
 A finished run keeps `config.yaml`, `metrics.jsonl` and a small completion marker
 (`finished.json`); its resume checkpoint is removed unless `train.keep_checkpoint=true`.
+
+A run refused at start (a ConfigError: a bad value, the memory check) leaves no directory:
+Hydra creates the job's directory, its `.hydra/` and the job's log before a3po runs, and
+`remove_refused_job_dir` takes them away again where that is all the directory holds.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from a3po.run.lock import lock_run_dir, release_run_dir
 log = logging.getLogger(__name__)
 
 FINISHED_MARKER = "finished.json"
+# What Hydra writes into a job's directory before the job runs (hydra.output_subdir).
+HYDRA_SUBDIR, HYDRA_FILES = ".hydra", frozenset({"config.yaml", "hydra.yaml", "overrides.yaml"})
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -140,3 +146,52 @@ def mark_finished(run_dir: Path, steps: int, wall_time: float) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps({"steps": steps, "wall_time": wall_time}) + "\n")
     os.replace(tmp, path)
+
+
+def holds_only_hydra_output(run_dir: Path, job_log: str) -> bool:
+    """Whether `run_dir` holds nothing but what Hydra wrote for a job before it ran: `.hydra/`
+    with its three files, and the job's log (`<job name>.log`). A run's own files (config.yaml,
+    .lock, metrics.jsonl, checkpoints/) or anything else a person put there say no."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return False
+    for entry in run_dir.iterdir():
+        if entry.name == job_log and entry.is_file() and not entry.is_symlink():
+            continue
+        if entry.name == HYDRA_SUBDIR and entry.is_dir() and not entry.is_symlink() \
+                and all(f.name in HYDRA_FILES and f.is_file() and not f.is_symlink() for f in entry.iterdir()):
+            continue
+        return False
+    return True
+
+
+def _close_log_files_in(directory: Path) -> None:
+    """Close and detach the logging handlers writing into `directory` (Hydra's job log)."""
+    for logger in [logging.getLogger(), *(logging.getLogger(name) for name in logging.root.manager.loggerDict)]:
+        for handler in list(getattr(logger, "handlers", [])):
+            if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == directory:
+                handler.close()
+                logger.removeHandler(handler)
+
+
+def remove_refused_job_dir(run_dir: Path, job_log: str, stop_at: Path | None = None) -> bool:
+    """After a run was refused at start (a ConfigError), remove the job directory Hydra made for
+    it, where it holds only Hydra's own files (`holds_only_hydra_output`): a directory with a
+    run's files in it (an existing run, another process's claim) is never touched. Then remove
+    its parents that are left empty, up to `stop_at` (output_root; exclusive), where the
+    directory lies under it. Returns whether the job directory was removed."""
+    run_dir = Path(run_dir).resolve()
+    if not holds_only_hydra_output(run_dir, job_log):
+        return False
+    _close_log_files_in(run_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    if stop_at is not None:
+        stop_at = Path(stop_at).resolve()
+        parent = run_dir.parent
+        while stop_at in parent.parents:
+            try:
+                parent.rmdir()  # only an empty one: another job's directory keeps it
+            except OSError:
+                break
+            parent = parent.parent
+    return not run_dir.exists()

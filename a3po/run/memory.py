@@ -1,0 +1,289 @@
+"""Will this run fit? Its peak resident memory, estimated from the composed config and the
+model's architecture before anything heavy loads (docs/design.md, "Memory check"); the check
+that holds it against the machine at start is a3po.run.memory_check (`memory_check`,
+conf/config.yaml).
+
+Without it a config too large for the machine (`train.n_prompts=100000`) runs until the
+kernel's OOM killer ends it: exit 137, no message, a half-written run directory. With it the
+run stops in seconds with exit 2 and a `config error:` that names the estimate, what the
+machine has, the largest parts and the keys that drive them.
+
+The estimate is a sum of named parts (a3po.run.memory_model.Part), each a formula over the
+config and the architecture with the keys that drive it; its constants were measured (peak RSS
+of real runs, saved-tensor sizes), not derived. Parts belong to a phase: `always` (held for the
+whole run), `rollout` or `train`. The async runtime generates while it trains, so both phases
+add; the lagged one takes turns, and its peak holds the larger phase plus what the allocator
+kept of the other (`Estimate.peak`). Every figure is an upper bound of its kind: each prompt as
+long as the task's longest, each response `rollout.max_new_tokens` long. The figures are for a
+dense decoder-only model (llama, qwen2, mistral); a mixture-of-experts or another attention
+layout is estimated as if it were one. Everything here is pure: numbers in, numbers out.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from a3po.run.memory_model import (ACTIVATION_BYTES, ACTIVATION_OUTSIDE_LAYERS, BASELINE_BYTES,
+                                   BF16_CPU_BYTES_PER_POSITION, DECODE_VOCAB_BYTES, GIB, HEAP_SLACK, LOGITS_BYTES,
+                                   LOGITS_CHUNK_BYTES, MMAP_THRESHOLD_MAX, PREFILL_ATTENTION_BYTES, SAMPLE_BYTES,
+                                   SMALL_ALLOCATION,
+                                   Architecture, Estimate, Part, format_bytes)
+
+__all__ = ["estimate_memory", "rollout_parts", "train_parts", "micro_batch_shape", "heap_slack", "TRAIN_KEYS"]
+
+
+def _dtype_bytes(dtype: str) -> int:
+    return 2 if dtype in ("bfloat16", "float16") else 4
+
+
+def _rows(n: int, batch_size: int | None) -> int:
+    """Sequences decoded together: every request at once, or `rollout.batch_size` of them."""
+    return min(n, batch_size) if batch_size else n
+
+
+def rollout_parts(arch: Architecture, *, rows: int, prompt: int, new_tokens: int, compute: int, device: str,
+                  keys: tuple[str, ...], label: str = "rollout", samples: int = 1) -> list[Part]:
+    """The HF engine's decode loop (a3po.rollout.decode) on `rows` sequences at once: its KV
+    cache, preallocated for the longest prompt plus every new token, one decode step's
+    vocabulary-sized tensors, and the prefill's attention over the prompt, once per distinct
+    prompt (a group's `samples` share one)."""
+    positions = prompt + new_tokens
+    kv = arch.num_hidden_layers * 2 * rows * arch.num_key_value_heads * positions * arch.head_dim * compute
+    step = rows * arch.vocab_size * DECODE_VOCAB_BYTES
+    prompts = math.ceil(rows / samples)
+    prefill = prompts * arch.num_attention_heads * prompt * prompt * PREFILL_ATTENTION_BYTES
+    return [
+        Part(f"{label} KV cache", kv, keys, "rollout", device,
+             f"{arch.num_hidden_layers} layers x 2 x {rows} rows x {arch.num_key_value_heads} kv heads x "
+             f"({prompt} prompt + {new_tokens} new) positions x {arch.head_dim} x {compute} B",
+             tensor=kv // (2 * arch.num_hidden_layers)),
+        Part(f"{label} decode step (logits, sampling)", step, keys[:3], "rollout", device,
+             f"{rows} rows x {arch.vocab_size} vocab x {DECODE_VOCAB_BYTES} B", tensor=rows * arch.vocab_size * 4),
+        Part(f"{label} prefill attention", prefill, keys[:3] + ("task",), "rollout", device,
+             f"{prompts} prompts x {arch.num_attention_heads} heads x {prompt}^2 x {PREFILL_ATTENTION_BYTES} B",
+             tensor=prompts * arch.num_attention_heads * prompt * prompt * 4),
+    ]
+
+
+def _hf_rollout_weights(arch: Architecture, weight_bytes: int, *, cast_bf16: bool, private: bool,
+                        separate: bool, device: str) -> list[Part]:
+    """The HF engine's weights beside the trainer's (a3po.rollout.weights.ComputeWeights,
+    a3po.run.parts.build_parts): a policy of its own where it runs elsewhere (`rollout.device`,
+    torchrun); under bf16 a bf16 copy of every linear layer; under runtime=async a private copy
+    of every other weight too."""
+    parts = []
+    if separate:
+        parts.append(Part("rollout policy copy", arch.n_params * weight_bytes, ("rollout.device", "model"), "always",
+                          device, f"{arch.n_params:,} params x {weight_bytes} B (rollout elsewhere)"))
+    untied_linear = arch.linear_params - (arch.lm_head_params if arch.tie_word_embeddings else 0)
+    if cast_bf16:
+        parts.append(Part("rollout bf16 linear weights", arch.linear_params * 2, ("precision", "model.dtype", "model"),
+                          "always", device, f"{arch.linear_params:,} linear params (lm_head included) x 2 B"))
+    if private:
+        rest = arch.n_params - untied_linear if cast_bf16 else arch.n_params
+        parts.append(Part("rollout private weights (async)", rest * weight_bytes, ("runtime.name", "model"), "always",
+                          device, f"{rest:,} params x {weight_bytes} B"))
+        staged = (arch.n_params + (arch.lm_head_params if arch.tie_word_embeddings else 0)) * weight_bytes
+        parts.append(Part("rollout staged weight update (async)", staged, ("runtime.name", "model"), "rollout", device,
+                          "one clone of the state dict (a tied weight twice)", tensor=_layer_tensor(arch, weight_bytes)))
+    return parts
+
+
+def _vllm_parts(cfg: Any, arch: Architecture, weight_bytes: int, *, separate: bool, device: str,
+                device_total: int | None, precision: str) -> list[Part]:
+    """vLLM holds its own weights and a KV cache of a configured size: `rollout.cpu_kv_cache_gib`
+    on a CPU; on a GPU `rollout.gpu_memory_utilization` of the device's memory, weights included.
+    Its host copy of the policy (a3po.run.parts) where the rollout is elsewhere."""
+    rollout = cfg.rollout
+    parts = []
+    if separate:
+        parts.append(Part("rollout policy copy (host)", arch.n_params * weight_bytes, ("rollout.device", "model"),
+                          "always", "cpu", f"{arch.n_params:,} params x {weight_bytes} B"))
+    if device.startswith("cuda"):
+        share = float(rollout.get("gpu_memory_utilization", 0.5))
+        total = int(share * (device_total or 0))
+        parts.append(Part("vLLM weights and KV cache", total, ("rollout.gpu_memory_utilization",), "always", device,
+                          f"{share} x the device's {format_bytes(device_total or 0)}"))
+        return parts
+    dtype = rollout.get("dtype") or ("bfloat16" if precision == "bf16" else cfg.model.get("dtype", "float32"))
+    vllm_weight_bytes = weight_bytes if dtype == "auto" else _dtype_bytes(dtype)
+    gib = float(rollout.get("cpu_kv_cache_gib", 1))
+    parts.append(Part("vLLM weights", arch.n_params * vllm_weight_bytes, ("rollout.name", "rollout.dtype", "model"),
+                      "always", device, f"{arch.n_params:,} params x {vllm_weight_bytes} B"))
+    parts.append(Part("vLLM KV cache", int(gib * GIB), ("rollout.cpu_kv_cache_gib",), "always", device, f"{gib} GiB"))
+    return parts
+
+
+def _layer_tensor(arch: Architecture, nbytes: int) -> int:
+    """The size of a layer's largest weight matrix: what most of a per-parameter set of tensors
+    (gradients, casts, a state dict's clone) is allocated in pieces of."""
+    return arch.hidden_size * max(arch.intermediate_size, arch.num_attention_heads * arch.head_dim) * nbytes
+
+
+def _logprob_chunk_rows(vocab: int) -> int:
+    """Rows of logits the vocabulary pass (a3po.maths.logprobs) takes at once."""
+    from a3po.maths import logprobs
+
+    chunk_rows = getattr(logprobs, "chunk_rows", None)
+    return chunk_rows(vocab) if chunk_rows is not None else logprobs.LOGPROB_CHUNK_ROWS
+
+
+TRAIN_KEYS = ("train.token_budget", "train.n_prompts", "train.n_samples", "train.n_minibatches", "rollout.max_new_tokens")
+
+
+def micro_batch_shape(*, n_samples_total: int, n_minibatches: int, world: int, token_budget: int,
+                      sequence: int) -> tuple[int, int]:
+    """(rows, padded tokens) of the largest training micro-batch: the largest minibatch's
+    share on one rank, packed to `token_budget` padded tokens (a3po.learner.batching), every
+    sequence `sequence` tokens long."""
+    per_minibatch = math.ceil(math.ceil(n_samples_total / n_minibatches) / world)
+    rows = max(1, min(per_minibatch, token_budget // sequence))
+    return rows, rows * sequence
+
+
+def train_parts(arch: Architecture, *, rows: int, sequence: int, response: int, compute: int, cast_bf16: bool,
+                eager: bool, device: str) -> list[Part]:
+    """The largest micro-batch's forward and backward: the layers' saved activations (eager
+    attention's probabilities included), autocast's bf16 weight casts kept for backward, and
+    the response positions' logits (a3po.learner.trainer `_response_logits`) with their
+    gradient and one log-softmax row chunk (a3po.maths.logprobs.LOGPROB_CHUNK_ROWS)."""
+
+    per_h, per_i, per_attention = ACTIVATION_BYTES[compute]
+    tokens = rows * sequence
+    per_token_layer = per_h * arch.hidden_size + per_i * arch.intermediate_size
+    attention = rows * arch.num_attention_heads * sequence * sequence * per_attention if eager else 0
+    layers = arch.num_hidden_layers * (tokens * per_token_layer + attention)
+    activations = layers + tokens * ACTIVATION_OUTSIDE_LAYERS * arch.hidden_size
+    response_rows = rows * response
+    chunk = min(response_rows, _logprob_chunk_rows(arch.vocab_size))
+    logits = (response_rows * LOGITS_BYTES[compute] + chunk * LOGITS_CHUNK_BYTES) * arch.vocab_size
+    largest = max(tokens * arch.intermediate_size * compute, tokens * arch.hidden_size * 4,
+                  rows * arch.num_attention_heads * sequence * sequence * 4 if eager else 0)
+    parts = [
+        Part("training activations", activations, TRAIN_KEYS, "train", device,
+             f"{arch.num_hidden_layers} layers x ({tokens} tokens ({rows} rows x {sequence}) x "
+             f"({per_h} x {arch.hidden_size} + {per_i} x {arch.intermediate_size}) B"
+             + (f" + {rows} x {arch.num_attention_heads} heads x {sequence}^2 x {per_attention} B" if eager else "") + ")",
+             tensor=largest),
+        Part("training response logits", logits, TRAIN_KEYS, "train", device,
+             f"{response_rows} response rows x {arch.vocab_size} vocab x {LOGITS_BYTES[compute]} B + one chunk of "
+             f"{chunk} rows x {LOGITS_CHUNK_BYTES} B", tensor=response_rows * arch.vocab_size * compute),
+    ]
+    if cast_bf16:
+        parts.append(Part("training autocast weight casts", arch.linear_params * 2, ("precision", "model.dtype", "model"),
+                          "train", device, f"{arch.linear_params:,} linear params x 2 B", tensor=_layer_tensor(arch, 2)))
+    return parts
+
+
+def heap_slack(parts: Sequence[Part]) -> list[Part]:
+    """What glibc's heap holds beyond a phase's small allocations on a CPU (`HEAP_SLACK`): the
+    holes freed tensors leave that the next ones, of other shapes, cannot reuse. One part per
+    phase, driven by that phase's largest part's keys."""
+    slack = []
+    for phase in ("rollout", "train"):
+        small = [p for p in parts if p.phase == phase and p.device == "cpu" and p.tensor < SMALL_ALLOCATION]
+        if small:
+            total = sum(p.nbytes for p in small)
+            largest = max(small, key=lambda p: p.nbytes)
+            slack.append(Part(f"{phase} heap fragmentation", int((HEAP_SLACK - 1) * total), largest.keys, phase, "cpu",
+                              f"{HEAP_SLACK - 1:.2f} x the phase's {format_bytes(total)} in allocations under "
+                              f"{format_bytes(SMALL_ALLOCATION)}"))
+    return slack
+
+
+def estimate_memory(cfg: Any, arch: Architecture, *, prompt_tokens: int, trainer_device: str = "cpu",
+                    rollout_device: str | None = None, world: int = 1, device_total: int | None = None,
+                    eager_attention: bool = True, mmap_threshold: int = MMAP_THRESHOLD_MAX) -> Estimate:
+    """The peak of one run of `cfg` (composed, `precision` resolved) as named parts.
+
+    `prompt_tokens`: the task's longest prompt; `trainer_device`/`rollout_device`: where the
+    trainer and the rollout run ("cpu", "cuda:0"); `world`: torchrun's processes (each trains
+    on a shard; FSDP shards weights, gradients and AdamW state; the figures are rank 0's, plus
+    the other ranks' processes where they share the host); `device_total`: the rollout GPU's
+    memory, for vLLM's share of it; `mmap_threshold`: glibc's, as the run will set it
+    (a3po.allocator), which decides what the heap keeps between phases."""
+    rollout_device = rollout_device or trainer_device
+    model_dtype = cfg.model.get("dtype", "float32")
+    weight_bytes = _dtype_bytes(model_dtype)
+    cast_bf16 = cfg.precision == "bf16" and model_dtype == "float32"
+    compute = 2 if cfg.precision == "bf16" or weight_bytes == 2 else 4
+    concurrent = cfg.runtime.name == "async"
+    parts = _trainer_state(arch, weight_bytes, world, trainer_device)
+    if cfg.rollout.name == "vllm":
+        parts += _vllm_parts(cfg, arch, weight_bytes, separate=world > 1 or rollout_device != trainer_device,
+                             device=rollout_device, device_total=device_total, precision=cfg.precision)
+    else:
+        parts += _hf_rollout_weights(arch, weight_bytes, cast_bf16=cast_bf16, private=concurrent,
+                                     separate=world > 1 or rollout_device != trainer_device, device=rollout_device)
+        parts += _hf_rollout(cfg, arch, prompt_tokens, compute, rollout_device)
+    parts.append(_held_batches(cfg, prompt_tokens, concurrent))
+    sequence = prompt_tokens + cfg.rollout.max_new_tokens
+    train = cfg.train
+    rows, _ = micro_batch_shape(n_samples_total=train.n_prompts * train.n_samples, n_minibatches=train.n_minibatches,
+                                world=world, token_budget=train.token_budget, sequence=sequence)
+    parts += train_parts(arch, rows=rows, sequence=sequence, response=cfg.rollout.max_new_tokens, compute=compute,
+                         cast_bf16=cast_bf16, eager=eager_attention, device=trainer_device)
+    parts += heap_slack(parts)
+    if world > 1 and trainer_device == "cpu":
+        parts.append(_other_ranks(parts, world))
+    return Estimate(tuple(p for p in parts if p.nbytes > 0), concurrent, mmap_threshold)
+
+
+def _trainer_state(arch: Architecture, weight_bytes: int, world: int, device: str) -> list[Part]:
+    """The process itself, and the weights, gradients and AdamW state (FSDP: this rank's shard)."""
+    shard = arch.n_params / world
+    per_rank = f" / {world} ranks" if world > 1 else ""
+    return [
+        Part("process baseline", BASELINE_BYTES, (), "always", "cpu", "python, torch, transformers, a3po, tokenizer"),
+        Part("weights", int(shard * weight_bytes), ("model", "model.dtype"), "always", device,
+             f"{arch.n_params:,} params x {weight_bytes} B{per_rank}"),
+        Part("gradients", int(shard * weight_bytes), ("model",), "train", device,
+             f"{arch.n_params:,} params x {weight_bytes} B{per_rank}", tensor=_layer_tensor(arch, weight_bytes)),
+        Part("AdamW state", int(2 * shard * weight_bytes), ("model",), "always", device,
+             f"2 x {arch.n_params:,} params x {weight_bytes} B{per_rank}"),
+    ]
+
+
+def _hf_rollout(cfg: Any, arch: Architecture, prompt_tokens: int, compute: int, device: str) -> list[Part]:
+    """The training rollout's decode loop, or the eval's where it holds more rows (the eval
+    samples `train.eval_size` prompts once each); bf16 on a CPU, its kernels per position."""
+    train, rollout = cfg.train, cfg.rollout
+    batch_size = rollout.get("batch_size")
+    chosen = rollout_parts(arch, rows=_rows(train.n_prompts * train.n_samples, batch_size), prompt=prompt_tokens,
+                           new_tokens=rollout.max_new_tokens, compute=compute, device=device, samples=train.n_samples,
+                           keys=("train.n_prompts", "train.n_samples", "rollout.batch_size", "rollout.max_new_tokens"))
+    if train.eval_every:
+        evaluation = rollout_parts(arch, rows=_rows(train.eval_size, batch_size), prompt=prompt_tokens,
+                                   new_tokens=rollout.max_new_tokens, compute=compute, device=device,
+                                   keys=("train.eval_size", "rollout.batch_size", "rollout.max_new_tokens"),
+                                   label="eval rollout")
+        if sum(p.nbytes for p in evaluation) > sum(p.nbytes for p in chosen):
+            chosen = evaluation
+    if compute == 2 and device == "cpu":
+        positions = prompt_tokens + rollout.max_new_tokens
+        chosen.append(Part("bf16 decode kernels (CPU)", positions * BF16_CPU_BYTES_PER_POSITION,
+                           ("precision", "rollout.max_new_tokens"), "always", "cpu",
+                           f"{positions} positions x {format_bytes(BF16_CPU_BYTES_PER_POSITION)}"))
+    return chosen
+
+
+def _held_batches(cfg: Any, prompt_tokens: int, concurrent: bool) -> Part:
+    """The batches the runtime holds: the lagged one D + 1, the async one up to its staleness
+    bound plus the one in training."""
+    train = cfg.train
+    held = cfg.runtime.get("max_staleness", cfg.staleness) + 2 if concurrent else cfg.staleness + 1
+    per_sample = SAMPLE_BYTES + 8 * prompt_tokens + 20 * cfg.rollout.max_new_tokens
+    return Part("rollout batches held", held * train.n_prompts * train.n_samples * per_sample,
+                ("train.n_prompts", "train.n_samples", "staleness"), "always", "cpu",
+                f"{held} batches x {train.n_prompts * train.n_samples} samples x {per_sample} B")
+
+
+def _other_ranks(parts: Sequence[Part], world: int) -> Part:
+    """Every other rank of a torchrun job on this host is a process of its own: its baseline,
+    its shards and its micro-batch (rank 0 alone holds the rollout side)."""
+    trainer_side = {"process baseline", "weights", "gradients", "AdamW state", "training activations",
+                    "training response logits", "training autocast weight casts", "train heap fragmentation"}
+    per_rank = sum(p.nbytes for p in parts if p.name in trainer_side)
+    return Part("the other ranks' processes", (world - 1) * per_rank, ("torchrun --nproc-per-node",), "always", "cpu",
+                f"{world - 1} x {format_bytes(per_rank)}")

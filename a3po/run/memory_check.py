@@ -1,0 +1,300 @@
+"""The memory check at start (a3po.run.main.run, `memory_check`, conf/config.yaml): what the
+estimate (a3po.run.memory) needs that only this machine and the model's files know, the
+architecture without a weight, the task's longest prompt, the memory a device can still
+give, and the verdict. `python -m a3po.run.memory_check [overrides]` prints the breakdown."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from a3po.cfg_access import cfg_get, plain
+from a3po.config import memory_check_mode
+from a3po.errors import ConfigError
+from a3po.run.memory import estimate_memory
+from a3po.run.memory_model import SMOLLM2_135M, Architecture, Estimate, Part, architecture_from, format_bytes
+
+__all__ = ["architecture_of", "longest_prompt_tokens", "available_memory", "host_available", "parse_meminfo",
+           "cgroup_room", "verdict", "estimate_run", "check_memory", "WARN_SHARE"]
+
+log = logging.getLogger(__name__)
+
+# An estimate within this share of the limit is close enough to warn about (and go on).
+WARN_SHARE = 0.8
+
+
+def architecture_of(model_cfg: Any) -> tuple[Architecture | None, str]:
+    """The architecture of `model.*` without loading a weight, and where it came from; None and
+    the reason where it cannot be known (a hub model that cannot be reached)."""
+    from a3po.models import smollm2_cache_dir
+    from a3po.models.smollm2 import is_converted
+    from a3po.models.tiny import TINY_SIZE_KEYS
+
+    source = cfg_get(model_cfg, "source")
+    if source in ("tiny", "smollm2_gguf"):
+        cache = smollm2_cache_dir()
+        converted = is_converted(cache)
+        smollm2 = json.loads((cache / "config.json").read_text()) if converted else SMOLLM2_135M
+        where = str(cache / "config.json") if converted else "a3po.run.memory_model.SMOLLM2_135M (not converted yet)"
+        if source == "smollm2_gguf":
+            return architecture_from(smollm2), where
+        # a3po.models.tiny: the given sizes, SmolLM2's tokenizer (its vocabulary), a tied output layer
+        sizes = {key: cfg_get(model_cfg, key) for key in TINY_SIZE_KEYS}
+        return architecture_from({**sizes, "vocab_size": smollm2["vocab_size"], "tie_word_embeddings": True}), "model.*"
+    path = os.path.expanduser(str(cfg_get(model_cfg, "path")))
+    try:
+        from transformers import AutoConfig
+
+        return architecture_from(AutoConfig.from_pretrained(path).to_dict()), f"{path} (config)"
+    except Exception as error:  # offline, gated, a config without these keys: no estimate, no refusal
+        return None, f"the config of model.path={path!r} could not be read ({type(error).__name__}: {error})"
+
+
+# --- the prompt -----------------------------------------------------------------------------------
+# Where no tokenizer is at hand: a chat template's tokens around the question (SmolLM2's: 38,
+# with its default system prompt), and a token per character of the question (an upper bound
+# for ASCII text under byte-level BPE).
+TEMPLATE_TOKENS_BOUND = 64
+# GSM8K from the hub is not read for the estimate (a download): its longest question is taken
+# as this many tokens (an upper bound, not measured here: GSM8K's questions run to a few hundred).
+GSM8K_QUESTION_TOKENS_BOUND = 400
+
+
+def _longest_question(task_cfg: Any) -> str | None:
+    """The task's longest question by characters, where it is cheap to know: every arith
+    problem of the level (at most 15,552), a local GSM8K file; None for GSM8K from the hub."""
+    from a3po.tasks import build_task
+    from a3po.tasks.arith import level_problems
+
+    name = cfg_get(task_cfg, "name")
+    if name == "arith":
+        return max((p.question for p in level_problems(cfg_get(task_cfg, "level", 1))), key=len)
+    if name == "gsm8k" and cfg_get(task_cfg, "path"):
+        task = build_task(task_cfg, seed=0)
+        problems = [*task.train, *task.held_out]
+        return max((p.question for p in problems), key=len) if problems else None
+    return None
+
+
+def _tokenizer_of(model_cfg: Any):
+    """The model's tokenizer where it is on this machine (no download); None otherwise."""
+    from transformers import AutoTokenizer
+
+    from a3po.models import smollm2_cache_dir
+    from a3po.models.smollm2 import is_converted
+
+    source = cfg_get(model_cfg, "source")
+    path = smollm2_cache_dir() if source in ("tiny", "smollm2_gguf") else Path(os.path.expanduser(str(cfg_get(model_cfg, "path"))))
+    if source != "hub" and not is_converted(path):
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception:  # not cached locally: the bound below
+        return None
+
+
+def longest_prompt_tokens(task_cfg: Any, model_cfg: Any) -> tuple[int, str]:
+    """The longest prompt the rollout will see, in tokens, and how it was found: the task's
+    longest question rendered and tokenized as the producer does (a3po.tasks.encode_prompt)
+    where the tokenizer is on this machine, else a bound (`TEMPLATE_TOKENS_BOUND` plus a token
+    per character; GSM8K from the hub: `GSM8K_QUESTION_TOKENS_BOUND`). Remembered per (task,
+    model): a test suite or a sweep in one process starts many runs of one task and model."""
+    return _longest_prompt_tokens(json.dumps(plain(task_cfg), sort_keys=True), json.dumps(plain(model_cfg), sort_keys=True))
+
+
+@functools.lru_cache(maxsize=16)
+def _longest_prompt_tokens(task_json: str, model_json: str) -> tuple[int, str]:
+    from a3po.tasks import ANSWER_INSTRUCTION, encode_prompt
+
+    question = _longest_question(json.loads(task_json))
+    tokenizer = _tokenizer_of(json.loads(model_json))
+    if tokenizer is not None and question is not None:
+        return len(encode_prompt(tokenizer, question)), "the task's longest question, tokenized"
+    if tokenizer is not None:
+        return len(encode_prompt(tokenizer, "")) + GSM8K_QUESTION_TOKENS_BOUND, "the template plus a bound on the question"
+    if question is not None:
+        return TEMPLATE_TOKENS_BOUND + len(f"{question}\n{ANSWER_INSTRUCTION}"), "a bound (no tokenizer on this machine)"
+    return TEMPLATE_TOKENS_BOUND + GSM8K_QUESTION_TOKENS_BOUND, "a bound (no tokenizer on this machine)"
+
+
+# --- what the machine has -------------------------------------------------------------------------
+UNLIMITED = 2**60  # a cgroup "limit" at or above this is none (v1 writes 2^63 rounded to pages)
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """/proc/meminfo as bytes by name."""
+    values = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        fields = rest.split()
+        if fields and fields[0].isdigit():
+            values[name.strip()] = int(fields[0]) * (1024 if fields[1:2] == ["kB"] else 1)
+    return values
+
+
+def cgroup_room(limit: str, usage: str, stat: str) -> int | None:
+    """What a memory cgroup leaves: its limit less what it uses, the reclaimable page cache
+    (inactive_file) not counted as used; None where it has no limit. Takes the files' texts:
+    v2's memory.max, memory.current, memory.stat, or v1's memory.limit_in_bytes,
+    memory.usage_in_bytes, memory.stat."""
+    limit = limit.strip()
+    if limit in ("", "max") or int(limit) >= UNLIMITED:
+        return None
+    inactive = 0
+    for line in stat.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("inactive_file", "total_inactive_file"):
+            inactive = max(inactive, int(value))
+    return max(0, int(limit) - max(0, int(usage.strip() or 0) - inactive))
+
+
+def _cgroup_dirs(root: Path = Path("/sys/fs/cgroup")) -> list[tuple[Path, tuple[str, str, str]]]:
+    """This process's memory cgroup directories (v2 and v1, the process's own path and the
+    namespace's root, where a container sees only that), with the files' names."""
+    v2, v1 = ("memory.max", "memory.current", "memory.stat"), ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.stat")
+    dirs: list[tuple[Path, tuple[str, str, str]]] = []
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            dirs += [(root / path.lstrip("/"), v2), (root, v2)]
+        elif "memory" in controllers.split(","):
+            dirs += [(root / "memory" / path.lstrip("/"), v1), (root / "memory", v1)]
+    return dirs
+
+
+def host_available() -> tuple[int, str]:
+    """Bytes this process may still take on the host, and where the figure came from:
+    MemAvailable, or less where a memory cgroup limit leaves less."""
+    available = parse_meminfo(Path("/proc/meminfo").read_text()).get("MemAvailable")
+    where = "MemAvailable in /proc/meminfo"
+    if available is None:  # not Linux, or a kernel before 3.14: no check
+        return UNLIMITED, "no MemAvailable"
+    for directory, names in _cgroup_dirs():
+        try:
+            texts = [(directory / name).read_text() for name in names]
+        except OSError:
+            continue
+        room = cgroup_room(*texts)
+        if room is not None and room < available:
+            available, where = room, f"the memory cgroup's limit less its use ({directory / names[0]})"
+    return available, where
+
+
+def available_memory(device: str) -> tuple[int, str]:
+    """What `device` ("cpu", "cuda:0") can still give this run, and where the figure came from."""
+    if device.startswith("cuda"):
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return free, f"torch.cuda.mem_get_info({device!r}) free"
+    return host_available()
+
+
+
+
+# --- the check -------------------------------------------------------------------------------------
+def _part_line(part: Part) -> str:
+    keys = f" ({', '.join(part.keys)})" if part.keys else ""
+    return f"{part.name} {format_bytes(part.nbytes)}{keys}"
+
+
+def verdict(estimate: Estimate, available: Mapping[str, tuple[int, str]], top: int = 4) -> tuple[str, str | None]:
+    """("error" | "warn" | "ok", the message) for `estimate` against each device's
+    `available` (bytes, where the figure came from): the first device that cannot hold its
+    peak is an error; one within WARN_SHARE of its limit a warning."""
+    worst, message = "ok", None
+    for device in estimate.devices():
+        peak = estimate.peak(device)
+        room, where = available[device]
+        level = "error" if peak > room else "warn" if peak > WARN_SHARE * room else "ok"
+        if level == "ok" or (worst == "error"):
+            continue
+        parts = "; ".join(_part_line(p) for p in estimate.peak_parts(device)[:top])
+        text = (f"memory check: this run needs an estimated {format_bytes(peak)} at its peak on {device}, and "
+                f"{format_bytes(room)} is available ({where}). The largest parts: {parts}.")
+        worst, message = level, text
+    return worst, message
+
+
+def _device_name(device) -> str:
+    return f"cuda:{device.index or 0}" if device.type == "cuda" else "cpu"
+
+
+def estimate_run(cfg: Any, arch: Architecture, trainer_device: Any, world: int = 1) -> Estimate:
+    """`estimate_memory` for `cfg` on this machine: the task's longest prompt, where the rollout
+    runs (a3po.run.parts.rollout_device), a vLLM GPU's size, the model's attention
+    (`model.attn_implementation`: eager keeps each head's seq x seq probabilities)."""
+    import torch
+
+    from a3po.allocator import MMAP_THRESHOLD
+    from a3po.models.loading import attn_implementation
+    from a3po.run.parts import rollout_device
+
+    prompt, _ = longest_prompt_tokens(cfg.task, cfg.model)
+    trainer = torch.device(trainer_device)
+    on_rollout = rollout_device(cfg, trainer)
+    device_total = None
+    if on_rollout.type == "cuda" and cfg.rollout.name == "vllm":
+        device_total = torch.cuda.get_device_properties(on_rollout).total_memory
+    return estimate_memory(cfg, arch, prompt_tokens=prompt, trainer_device=_device_name(trainer),
+                           rollout_device=_device_name(on_rollout), world=world, device_total=device_total,
+                           eager_attention=attn_implementation(cfg.model) == "eager",
+                           mmap_threshold=MMAP_THRESHOLD)  # glibc's, as the run sets it (a3po.allocator)
+
+
+def check_memory(cfg: Any, trainer_device: Any, world: int = 1) -> Estimate | None:
+    """The start-up check (a3po.run.main.run, after precision and device are resolved, before
+    the run directory is claimed): ConfigError where the estimated peak exceeds what a device
+    has (`memory_check=error`), a warning where it does or comes within 20% of it, nothing with
+    `memory_check=off`. Returns the estimate (None where it was skipped)."""
+    mode = memory_check_mode(cfg.get("memory_check", "error"))
+    if mode == "off":
+        return None
+    arch, source = architecture_of(cfg.model)
+    if arch is None:
+        log.warning("memory check skipped: %s", source)
+        return None
+    estimate = estimate_run(cfg, arch, trainer_device, world)
+    level, message = verdict(estimate, {device: available_memory(device) for device in estimate.devices()})
+    if level == "error" and mode == "error":
+        raise ConfigError(f"{message} Lower the keys that drive the largest parts, or set memory_check=warn to start "
+                          "anyway (memory_check=off skips the estimate; docs/design.md, \"Memory check\")")
+    if level != "ok":
+        log.warning("%s%s", message, " Starting anyway (memory_check=warn)." if level == "error" else
+                    " Within 20% of the limit: starting.")
+    return estimate
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m a3po.run.memory_check [hydra overrides]`: the estimate's breakdown for a config."""
+    import sys
+
+    from hydra import compose, initialize_config_dir
+
+    from a3po.device import resolve_device, resolve_precision
+
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[2] / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=list(sys.argv[1:] if argv is None else argv))
+    device = resolve_device(cfg.device)
+    cfg.precision = resolve_precision(cfg.get("precision", "auto"), device, cfg.model.get("dtype", "float32"))
+    arch, source = architecture_of(cfg.model)
+    if arch is None:
+        raise SystemExit(f"no estimate: {source}")
+    prompt, how = longest_prompt_tokens(cfg.task, cfg.model)
+    estimate = estimate_run(cfg, arch, device)
+    print(f"architecture: {source}; {arch.n_params:,} params; longest prompt {prompt} tokens ({how}); "
+          f"precision {cfg.precision}")
+    for name in estimate.devices():
+        print(f"\n[{name}]\n{estimate.table(name)}")
+
+
+if __name__ == "__main__":
+    main()

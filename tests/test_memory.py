@@ -1,0 +1,295 @@
+"""The memory check (a3po.run.memory, a3po.run.memory_check): the estimate's parts scale as their formulas say, a run
+that cannot fit stops at start with exit 2 and leaves no run directory, warn-only goes on, and
+(slow) the estimate is within 30% of a real run's measured peak RSS."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+import a3po.run.memory_check as check
+from a3po.errors import ConfigError
+from a3po.run.memory import estimate_memory
+from a3po.run.memory_check import architecture_of, cgroup_room, parse_meminfo, verdict
+from a3po.run.memory_model import MIB, MMAP_THRESHOLD_MAX, PHASES, SMOLLM2_135M, Estimate, Part, architecture_from
+from a3po.run.main import run, run_dir_of
+from a3po.run.rundir import config_differences, holds_only_hydra_output, remove_refused_job_dir
+
+from conftest import REPO
+
+SMOLLM2 = architecture_from(SMOLLM2_135M)
+PROMPT = 45  # arith level 1's longest prompt under SmolLM2's chat template
+
+
+def parts_of(estimate: Estimate) -> dict[str, int]:
+    return {p.name: p.nbytes for p in estimate.parts}
+
+
+def estimate(tiny_cfg, *overrides: str, **kwargs) -> Estimate:
+    cfg = tiny_cfg(*overrides)
+    arch, _ = architecture_of(cfg.model)
+    return estimate_memory(cfg, arch, prompt_tokens=PROMPT, **kwargs)
+
+
+# --- the architecture --------------------------------------------------------------------------
+
+def test_smollm2_parameter_counts_match_the_model():
+    assert SMOLLM2.n_params == 134_515_008  # sum(p.numel() for p in model.parameters()), tied lm_head once
+    assert SMOLLM2.linear_params == 30 * 3_538_944 + 49152 * 576  # the tied lm_head counted: it gets its own copy
+    untied = architecture_from({**SMOLLM2_135M, "tie_word_embeddings": False})
+    assert untied.n_params == SMOLLM2.n_params + 49152 * 576
+
+
+def test_tiny_architecture_comes_from_the_model_keys(tiny_cfg):
+    arch, source = architecture_of(tiny_cfg("model.num_hidden_layers=3").model)
+    assert (arch.num_hidden_layers, arch.hidden_size, arch.head_dim, arch.vocab_size) == (3, 64, 16, 49152)
+    assert source == "model.*"
+
+
+def test_a_hub_model_that_cannot_be_read_skips_the_check_with_a_warning(tiny_cfg, caplog, monkeypatch):
+    monkeypatch.setattr(check, "architecture_of", lambda model_cfg: (None, "the config of model.path='x' could not be read"))
+    with caplog.at_level(logging.WARNING, logger="a3po.run.memory_check"):
+        assert check.check_memory(tiny_cfg(), "cpu") is None
+    assert "memory check skipped" in caplog.text and "model.path='x'" in caplog.text
+
+
+# --- the parts scale as they should ------------------------------------------------------------
+
+def test_kv_cache_is_linear_in_new_tokens_and_rows(tiny_cfg):
+    def kv(*overrides):
+        return parts_of(estimate(tiny_cfg, *overrides))["rollout KV cache"]
+
+    base = kv("rollout.max_new_tokens=100")
+    assert kv("rollout.max_new_tokens=200") - base == kv("rollout.max_new_tokens=300") - kv("rollout.max_new_tokens=200")
+    assert kv("rollout.max_new_tokens=100", "train.n_prompts=4") == 2 * base  # rows = n_prompts * n_samples
+    assert kv("rollout.max_new_tokens=100", "train.n_prompts=4", "+rollout.batch_size=4") == base  # a chunk's rows
+    # 2 layers x 2 (k, v) x 4 rows x 2 kv heads x (45 + 100) positions x 16 x 4 bytes (fp32)
+    assert base == 2 * 2 * 4 * 2 * (PROMPT + 100) * 16 * 4
+
+
+def test_bf16_linear_copy_only_under_bf16_with_float32_weights(tiny_cfg):
+    arch, _ = architecture_of(tiny_cfg().model)
+    bf16 = parts_of(estimate(tiny_cfg, "precision=bf16"))
+    assert bf16["rollout bf16 linear weights"] == 2 * arch.linear_params
+    assert bf16["training autocast weight casts"] == 2 * arch.linear_params
+    assert "rollout bf16 linear weights" not in parts_of(estimate(tiny_cfg))  # fp32
+    stored_bf16 = parts_of(estimate(tiny_cfg, "precision=bf16", "model.dtype=bfloat16"))
+    assert "rollout bf16 linear weights" not in stored_bf16  # nothing to cast: the weights are bf16
+    assert stored_bf16["weights"] == 2 * arch.n_params
+
+
+def test_rollout_weight_copies(tiny_cfg):
+    arch, _ = architecture_of(tiny_cfg().model)
+    lagged = parts_of(estimate(tiny_cfg))
+    assert not any("copy" in name or "private" in name for name in lagged)  # samples from the trainer's module
+    async_ = parts_of(estimate(tiny_cfg, "runtime=async"))
+    assert async_["rollout private weights (async)"] == 4 * arch.n_params
+    elsewhere = parts_of(estimate(tiny_cfg, rollout_device="cuda:1"))
+    assert elsewhere["rollout policy copy"] == 4 * arch.n_params
+
+
+def test_async_adds_the_phases_and_a_gpu_holds_the_larger(tiny_cfg):
+    async_ = estimate(tiny_cfg, "runtime=async")
+    assert async_.peak() == sum(p.nbytes for p in async_.parts)
+    gpu = estimate(tiny_cfg, trainer_device="cuda:0")
+    rollout, train = gpu.phase_bytes("rollout", "cuda:0"), gpu.phase_bytes("train", "cuda:0")
+    assert gpu.peak("cuda:0") == gpu.phase_bytes("always", "cuda:0") + max(rollout, train)
+    assert gpu.peak("cpu") == gpu.phase_bytes("always", "cpu")  # the host: the process and the batches
+
+
+def test_phases_combine_by_what_the_allocator_keeps():
+    """CPU: both phases' heap shares (the heap keeps them) plus the larger mmapped share (returned
+    when freed); GPU: the larger phase (torch's cache reuses its blocks)."""
+    big = MMAP_THRESHOLD_MAX
+    parts = (Part("a", 10, (), "always"), Part("r heap", 5, (), "rollout", tensor=1), Part("r mmap", 7, (), "rollout", tensor=big),
+             Part("t heap", 6, (), "train", tensor=1), Part("t mmap", 2, (), "train", tensor=big))
+    assert Estimate(parts).peak("cpu") == 10 + 5 + 6 + 7
+    assert Estimate(parts, mmap_threshold=2**30).peak("cpu") == 10 + 5 + 7 + 6 + 2  # a3po.allocator: all kept
+    gpu = tuple(Part(p.name, p.nbytes, p.keys, p.phase, "cuda:0", tensor=p.tensor) for p in parts)
+    assert Estimate(gpu).peak("cuda:0") == 10 + 12
+
+
+def test_training_parts_follow_the_token_budget_and_the_minibatch(tiny_cfg):
+    def train(*overrides):
+        parts = parts_of(estimate(tiny_cfg, "train.n_prompts=8", "train.n_samples=4", "train.n_minibatches=1", *overrides))
+        return parts["training activations"], parts["training response logits"]
+
+    small, larger = train("train.token_budget=256"), train("train.token_budget=1024")
+    assert larger[0] > 3 * small[0] and larger[1] > 3 * small[1]
+    # 32 samples of 45 + 8 tokens fill at most 32 x 53 tokens: a larger budget changes nothing
+    assert train("train.token_budget=4096") == train("train.token_budget=65536")
+
+
+def test_the_eval_rollout_counts_where_it_is_larger(tiny_cfg):
+    parts = parts_of(estimate(tiny_cfg, "train.eval_size=64"))
+    assert "eval rollout KV cache" in parts and "rollout KV cache" not in parts
+    assert "eval rollout KV cache" not in parts_of(estimate(tiny_cfg, "train.eval_size=64", "train.eval_every=0"))
+
+
+def test_every_part_names_its_keys(tiny_cfg):
+    for part in estimate(tiny_cfg, "precision=bf16").parts:
+        assert part.keys or part.name == "process baseline", part.name
+        assert part.phase in PHASES
+
+
+# --- what the machine has -----------------------------------------------------------------------
+
+def test_meminfo_and_cgroup_parsing():
+    assert parse_meminfo("MemTotal:  1000 kB\nMemAvailable:   512 kB\nHugePages_Total: 0\n")["MemAvailable"] == 512 * 1024
+    assert cgroup_room("max\n", "100", "") is None
+    assert cgroup_room("9223372036854771712\n", "100", "") is None  # v1's "no limit"
+    assert cgroup_room("1000\n", "700\n", "anon 500\ninactive_file 200\n") == 500  # page cache is reclaimable
+    assert cgroup_room("1000", "1500", "") == 0
+
+
+def test_verdict_error_warning_and_ok():
+    est = Estimate((Part("weights", 900, ("model",), "always"),))
+    assert verdict(est, {"cpu": (800, "MemAvailable")})[0] == "error"
+    level, message = verdict(est, {"cpu": (1000, "MemAvailable")})
+    assert level == "warn" and "weights" in message and "(model)" in message
+    assert verdict(est, {"cpu": (10_000, "MemAvailable")}) == ("ok", None)
+
+
+# --- the check in a run -------------------------------------------------------------------------
+
+def test_memory_check_value_is_validated_before_loading(tiny_cfg, monkeypatch):
+    import a3po.models
+
+    monkeypatch.setattr(a3po.models, "load_policy", lambda *a, **k: pytest.fail("loaded before validation"))
+    with pytest.raises(ConfigError, match=r"memory_check='maybe' is not allowed; allowed: \['error', 'warn', 'off'\]"):
+        run(tiny_cfg("memory_check=maybe"))
+
+
+def test_a_run_that_cannot_fit_stops_before_its_directory_or_model(tiny_cfg, monkeypatch):
+    import a3po.models
+
+    monkeypatch.setattr(a3po.models, "load_policy", lambda *a, **k: pytest.fail("loaded before the memory check"))
+    cfg = tiny_cfg("train.n_prompts=100000")
+    with pytest.raises(ConfigError) as err:
+        run(cfg)
+    message = str(err.value)
+    assert "memory check" in message and "GiB" in message and "train.n_prompts" in message
+    assert "memory_check=warn" in message
+    assert not run_dir_of(cfg).exists()
+
+
+def test_warn_only_goes_on(tiny_cfg, monkeypatch, caplog):
+    monkeypatch.setattr(check, "available_memory", lambda device: (100 * MIB, "a test's limit"))
+    with pytest.raises(ConfigError, match="memory check"):
+        run(tiny_cfg("train.total_steps=1"))
+    with caplog.at_level(logging.WARNING, logger="a3po.run.memory_check"):
+        run(tiny_cfg("train.total_steps=1", "train.eval_every=0", "memory_check=warn"))
+    assert "Starting anyway (memory_check=warn)" in caplog.text
+    assert (run_dir_of(tiny_cfg()) / "finished.json").exists()
+    run(tiny_cfg("train.total_steps=1", "train.eval_every=0", "memory_check=off", "experiment_name=off"))  # no estimate
+
+
+def test_an_old_run_directory_without_the_key_still_compares_equal(tiny_cfg):
+    cfg = tiny_cfg()
+    new = OmegaConf.to_container(cfg, resolve=True)
+    old = {k: v for k, v in new.items() if k != "memory_check"}
+    assert config_differences(old, new) == []
+    assert config_differences(new, {**new, "memory_check": "off"}) == []  # result-neutral
+
+
+# --- a refused run leaves no directory ----------------------------------------------------------
+
+def hydra_job_dir(path: Path, *extra: str) -> Path:
+    (path / ".hydra").mkdir(parents=True)
+    for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
+        (path / ".hydra" / name).write_text("{}\n")
+    (path / "train.log").write_text("")
+    for name in extra:
+        (path / name).write_text("x")
+    return path
+
+
+def test_only_a_directory_of_hydra_files_is_removed(tmp_path):
+    root = tmp_path / "outputs"
+    fresh = hydra_job_dir(root / "exp" / "run")
+    assert holds_only_hydra_output(fresh, "train.log")
+    assert remove_refused_job_dir(fresh, "train.log", stop_at=root)
+    assert not (root / "exp").exists() and root.exists()  # empty parents up to output_root, not it
+    for own in ("config.yaml", ".lock", "metrics.jsonl"):
+        existing = hydra_job_dir(root / "exp" / own.strip("."), own)
+        assert not remove_refused_job_dir(existing, "train.log", stop_at=root)
+        assert (existing / own).exists() and (existing / ".hydra").exists()
+    odd = hydra_job_dir(root / "odd")
+    (odd / ".hydra" / "notes.txt").write_text("mine")
+    assert not remove_refused_job_dir(odd, "train.log", stop_at=root)
+
+
+def train_cli(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "experiments/train.py", "model=tiny", "logger=none",
+                           f"output_root={tmp_path / 'outputs'}", *overrides],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def files_under(path: Path) -> list[Path]:
+    return [p for p in path.rglob("*") if p.is_file()] if path.exists() else []
+
+
+def test_cli_refuses_a_run_that_cannot_fit_and_leaves_no_directory(tmp_path):
+    proc = train_cli(tmp_path, "train.n_prompts=100000")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "config error: memory check: this run needs an estimated" in proc.stderr
+    assert "GiB is available" in proc.stderr and "train.n_prompts" in proc.stderr and "Traceback" not in proc.stderr
+    assert files_under(tmp_path / "outputs") == [] and not list((tmp_path / "outputs").glob("*"))
+
+
+def test_cli_refuses_an_over_long_rollout_and_leaves_no_directory(tmp_path):
+    proc = train_cli(tmp_path, "rollout.max_new_tokens=1000000", "train.token_budget=1000001")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "memory check" in proc.stderr and "rollout.max_new_tokens" in proc.stderr
+    assert files_under(tmp_path / "outputs") == []
+
+
+def test_cli_config_error_keeps_an_existing_run_directory(tmp_path):
+    run_dir = tmp_path / "existing"
+    hydra_job_dir(run_dir, "config.yaml", "metrics.jsonl")
+    proc = train_cli(tmp_path, "train.n_prompts=0", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 2 and "train.n_prompts=0" in proc.stderr
+    assert (run_dir / "config.yaml").read_text() == "x" and (run_dir / "metrics.jsonl").exists()
+    fresh = tmp_path / "fresh"
+    proc = train_cli(tmp_path, "train.n_prompts=0", f"hydra.run.dir={fresh}")
+    assert proc.returncode == 2 and not fresh.exists()
+
+
+# --- calibration ---------------------------------------------------------------------------------
+
+MEASURE = textwrap.dedent("""
+    import resource, subprocess, sys
+    proc = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+    sys.stderr.write(proc.stderr[-3000:])
+    print(proc.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["tiny", "smollm2_135m"])
+def test_estimate_within_30_percent_of_measured_peak_rss(tmp_path, model):
+    """A short real run in a process of its own (so this process's memory does not count), its
+    peak RSS read by a parent whose only child it is."""
+    from hydra import compose, initialize_config_dir
+
+    from a3po.device import resolve_device, resolve_precision
+
+    overrides = [f"model={model}", "logger=none", "train.total_steps=2", "train.eval_every=0",
+                 f"output_root={tmp_path / 'outputs'}"]
+    proc = subprocess.run([sys.executable, "-c", MEASURE, sys.executable, "experiments/train.py", *overrides],
+                          cwd=REPO, capture_output=True, text=True, timeout=1200)
+    returncode, peak_rss = map(int, proc.stdout.split())
+    assert returncode == 0, proc.stderr
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    cfg.precision = resolve_precision(cfg.precision, resolve_device(cfg.device), cfg.model.dtype)
+    arch, _ = architecture_of(cfg.model)
+    prompt, _ = check.longest_prompt_tokens(cfg.task, cfg.model)
+    estimated = estimate_memory(cfg, arch, prompt_tokens=prompt).peak()
+    assert 0.7 < estimated / peak_rss < 1.3, f"estimated {estimated / 2**20:.0f} MiB, measured {peak_rss / 2**20:.0f} MiB"
