@@ -68,7 +68,7 @@ def test_kv_cache_is_linear_in_new_tokens_and_rows(tiny_cfg):
     base = kv("rollout.max_new_tokens=100")
     assert kv("rollout.max_new_tokens=200") - base == kv("rollout.max_new_tokens=300") - kv("rollout.max_new_tokens=200")
     assert kv("rollout.max_new_tokens=100", "train.n_prompts=4") == 2 * base  # rows = n_prompts * n_samples
-    assert kv("rollout.max_new_tokens=100", "train.n_prompts=4", "+rollout.batch_size=4") == base  # a chunk's rows
+    assert kv("rollout.max_new_tokens=100", "train.n_prompts=4", "rollout.batch_size=4") == base  # a chunk's rows
     # 2 layers x 2 (k, v) x 4 rows x 2 kv heads x (45 + 100) positions x 16 x 4 bytes (fp32)
     assert base == 2 * 2 * 4 * 2 * (PROMPT + 100) * 16 * 4
 
