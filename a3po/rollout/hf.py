@@ -77,8 +77,9 @@ class HFEngine:
 
     def _generate_chunk(self, requests: list[list[int]], generator: torch.Generator,
                         device: torch.device) -> list[Sample]:
-        distinct = list(dict.fromkeys(map(tuple, requests)))  # a group's samples share one prefill
-        rows_of = torch.tensor([distinct.index(tuple(r)) for r in requests])
+        index: dict[tuple[int, ...], int] = {}  # a group's samples share one prefill
+        rows_of = torch.tensor([index.setdefault(tuple(r), len(index)) for r in requests])
+        distinct = list(index)
         width = max(len(r) for r in requests)
         input_ids = torch.full((len(distinct), width), self.pad_id, dtype=torch.long)
         real = torch.zeros((len(distinct), width), dtype=torch.bool)
