@@ -4,10 +4,9 @@ glibc's malloc serves a large block (over its mmap threshold, 32 MB at most by d
 own mmap and hands it back to the kernel when freed, and trims the heap's free top likewise. A
 training step frees and re-allocates the same few hundred MB every minibatch: the gradients
 (`zero_grad(set_to_none=True)`), autocast's bf16 copies of the weights, the logits. Each time
-the kernel zero-fills those pages again on first touch. On SmolLM2-135M in bf16 that was ~11% of
-a training step's CPU time, and the weight casts ran 2-5x slower than on reused memory
-(docs/benchmarks.md, "Rollout at the hardware's pace"). Raising both thresholds keeps freed
-blocks in the heap; the peak resident memory is the peak the step reached anyway.
+the kernel zero-fills those pages again on first touch (its cost: docs/benchmarks.md, "Rollout at
+the hardware's pace"). Raising both thresholds keeps freed blocks in the heap; the price is
+resident memory that does not shrink back (fragmentation, measured there too).
 
 A no-op where the C library is not glibc (macOS, musl) or when called again.
 """

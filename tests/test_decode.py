@@ -199,54 +199,45 @@ def test_rows_stop_at_their_stop_token_and_keep_it(tiny, attention):
     assert at_once.tokens.shape == (3, 1) and at_once.lengths == [1, 1, 1] and at_once.finished == [True] * 3
 
 
-@pytest.mark.parametrize("precision,tolerance", [("fp32", 1e-4), ("bf16", 0.1)])
-def test_behave_logp_equals_the_trainers_forward(tiny_cfg, precision, tolerance, monkeypatch):
-    """The engine's log-probs against `Trainer.response_logp` on its own samples: float32 to
-    1e-4 (the trainer's check), bf16 to the bf16 run's tolerance (tests/test_precision.py)."""
+def _engine_and_trainer_logp(tiny_cfg, precision, *overrides):
+    """A batch from the engine (and the same seed's batch again), and the trainer's log-probs of it."""
     from a3po.learner.trainer import Trainer
     from a3po.models import load_policy
     from a3po.rollout import build_engine
     from a3po.timer import PhaseTimer
 
-    monkeypatch.setattr("torch.cpu._is_avx512_bf16_supported", lambda: True)
-    cfg = tiny_cfg(f"precision={precision}", "rollout.max_new_tokens=10", "rollout.top_p=0.95",
-                   "rollout.temperature=0.9")
+    cfg = tiny_cfg(f"precision={precision}", "rollout.max_new_tokens=10", *overrides)
     policy, tokenizer = load_policy(cfg.model, seed=0)
     engine = build_engine(cfg.rollout, policy, tokenizer, torch.device("cpu"), precision=precision)
     prompts = [tokenizer.encode("What is 12 + 7? Answer:"), tokenizer.encode("Compute 3 * 9 please, now")]
     samples = [s for group in engine.generate(prompts, 3, seed=4) for s in group]
+    again = [s for group in engine.generate(prompts, 3, seed=4) for s in group]
     trainer = Trainer(policy, cfg, pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer())
     with torch.no_grad():
         logp, _ = trainer.response_logp(samples, with_entropy=False)
-    behave = torch.cat([s.behave_logp for s in samples])
+    return samples, again, torch.cat([s.behave_logp for s in samples]), logp
+
+
+@pytest.mark.parametrize("precision,tolerance", [("fp32", 1e-4), ("bf16", 0.1)])
+def test_behave_logp_equals_the_trainers_forward(tiny_cfg, precision, tolerance, monkeypatch):
+    """The engine's log-probs against `Trainer.response_logp` on its own samples: float32 to
+    1e-4 (the trainer's check), bf16 to the bf16 run's tolerance (tests/test_precision.py)."""
+    monkeypatch.setattr("torch.cpu._is_avx512_bf16_supported", lambda: True)
+    samples, again, behave, logp = _engine_and_trainer_logp(tiny_cfg, precision, "rollout.temperature=0.8")
     assert behave.numel() >= 6 * 5
-    # top-p renormalises: the trainer scores the untruncated policy, so compare where top-p kept
-    # everything the token competes with, i.e. the renormalised log-prob is never below the full one
-    assert torch.all(behave >= logp - tolerance)
-    again = [s for group in engine.generate(prompts, 3, seed=4) for s in group]
+    assert (logp - behave).abs().max().item() < tolerance
     assert all(torch.equal(a.response_ids, b.response_ids) and torch.equal(a.behave_logp, b.behave_logp)
                for a, b in zip(samples, again))  # seeded: the same batch
 
 
 @pytest.mark.parametrize("precision,tolerance", [("fp32", 1e-4), ("bf16", 0.1)])
-def test_behave_logp_equals_the_trainers_forward_without_truncation(tiny_cfg, precision, tolerance, monkeypatch):
-    from a3po.learner.trainer import Trainer
-    from a3po.models import load_policy
-    from a3po.rollout import build_engine
-    from a3po.timer import PhaseTimer
-
+def test_top_p_log_probs_are_renormalised(tiny_cfg, precision, tolerance, monkeypatch):
+    """Under top-p the engine's log-prob is the truncated distribution's: never below the
+    trainer's, which scores the untruncated policy."""
     monkeypatch.setattr("torch.cpu._is_avx512_bf16_supported", lambda: True)
-    cfg = tiny_cfg(f"precision={precision}", "rollout.max_new_tokens=10", "rollout.temperature=0.8")
-    policy, tokenizer = load_policy(cfg.model, seed=0)
-    engine = build_engine(cfg.rollout, policy, tokenizer, torch.device("cpu"), precision=precision)
-    prompts = [tokenizer.encode("What is 12 + 7? Answer:"), tokenizer.encode("Compute 3 * 9 please, now")]
-    samples = [s for group in engine.generate(prompts, 3, seed=4) for s in group]
-    trainer = Trainer(policy, cfg, pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer())
-    with torch.no_grad():
-        logp, _ = trainer.response_logp(samples, with_entropy=False)
-    behave = torch.cat([s.behave_logp for s in samples])
+    _, _, behave, logp = _engine_and_trainer_logp(tiny_cfg, precision, "rollout.top_p=0.95", "rollout.temperature=0.9")
     assert behave.numel() >= 6 * 5
-    assert (logp - behave).abs().max().item() < tolerance
+    assert torch.all(behave >= logp - tolerance)
 
 
 def _decode_tiny(policy, tokenizer, prompts, *, rows_of=None, autocast_dtype=None, seed=0, max_new_tokens=8):

@@ -133,7 +133,7 @@ class StartState:
     and the optimizer's state zeroed in place (moments and step count): every timed step then
     computes what a run's first step computes, from the same weights, at the cost of a run's
     later steps. (Dropping the state instead made every timed step allocate and zero Adam's
-    moments, as only a run's first step does: ~5% of a SmolLM2 step.)"""
+    moments, as only a run's first step does.)"""
 
     def __init__(self, policy: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.policy, self.optimizer = policy, optimizer

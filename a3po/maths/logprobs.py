@@ -4,8 +4,8 @@ One autograd function reads each row chunk of the logits once forward (log-sum-e
 log-prob, the entropy, all accumulated in float32) and once backward (the softmax recomputed
 from the saved log-sum-exp, written straight into the logits' gradient), so autograd keeps no
 float32 copy of the logits and no [rows, vocab] intermediate per operation. A chunk is a few MB,
-small enough that its several passes stay in the CPU's cache (docs/benchmarks.md, "Rollout at the
-hardware's pace": the former per-operation passes ran at ~0.5 G elements/s, memory-bound).
+small enough that its several passes stay in the CPU's cache instead of each streaming from
+memory (docs/benchmarks.md, "Rollout at the hardware's pace").
 
 The arithmetic is the unfused one's, operation for operation: log-probs and gradient are bit for
 bit those of `chosen - logsumexp(logits)` under autograd (tests/test_loss.py), at temperature 1.
@@ -19,7 +19,8 @@ import torch
 
 __all__ = ["token_logprobs", "token_logprobs_and_entropy", "LOGPROB_CHUNK_BYTES", "LOGPROB_CHUNK_ROWS", "chunk_rows"]
 
-# Float32 bytes of one row chunk: 2 MB (measured best of 1-16 MB on SmolLM2's vocabulary) stays in a core's L2/L3 across the chunk's passes.
+# Float32 bytes of one row chunk: small enough to stay in a core's cache across the chunk's
+# passes (1-16 MB measured on SmolLM2's vocabulary: docs/benchmarks.md).
 LOGPROB_CHUNK_BYTES = 2 * 2**20
 # The most rows a chunk holds whatever the vocabulary (a small vocabulary's chunk of 4 MB would
 # otherwise be tens of thousands of rows).

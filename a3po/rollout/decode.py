@@ -1,10 +1,10 @@
 """The HF engine's decode loop: what `generate` did, without what it cost.
 
-Measured on SmolLM2-135M, bf16, 1 CPU thread (docs/benchmarks.md, "Rollout at the hardware's
-pace"): inside transformers' `generate` only 40% of the time was the model's matmuls. The rest
-was autocast re-casting every float32 weight at every decode step, a sampler drawing one
-exponential per vocabulary entry per row per token, a KV cache that grows by concatenation, and
-the stored full-vocabulary scores of every step (batch x tokens x vocab floats). Here:
+Inside transformers' `generate` most of a CPU's time went around the matmuls: autocast
+re-casting every float32 weight at every decode step, a sampler drawing one exponential per
+vocabulary entry per row per token, a KV cache that grows by concatenation, and the stored
+full-vocabulary scores of every step (profiles in docs/benchmarks.md, "Rollout at the
+hardware's pace"). Here:
 
 - the weights are the engine's: `a3po.rollout.weights.ComputeWeights` keeps a copy whose linear
   layers are stored in the compute dtype, refreshed at each weight sync, so autocast has nothing
@@ -62,7 +62,7 @@ def sample_next(logits: torch.Tensor, generator: torch.Generator | None = None, 
         uniform = torch.rand(scores.shape[0], generator=generator, device=scores.device, dtype=torch.float32)
     uniform = uniform[:, None]
     if top_p >= 1.0:
-        cdf = probs.double().cumsum(-1)  # not cumsum(dtype=): its conversion is 5x slower
+        cdf = probs.double().cumsum(-1)  # not cumsum(dtype=): its conversion is far slower on CPU
         index = torch.searchsorted(cdf, uniform.double() * cdf[:, -1:], right=True)
         tokens = index.clamp_(max=scores.shape[-1] - 1)
         return tokens.squeeze(-1), log_probs.gather(-1, tokens).squeeze(-1)
