@@ -148,8 +148,8 @@ class Decoded:
     finished: list[bool]
 
 
-def _attention_masks(real: torch.Tensor, implementation: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """The prefill's 4-D mask [rows, 1, width, width] and the key-padding row [rows, width]:
+def _prefill_mask(real: torch.Tensor, implementation: str, dtype: torch.dtype) -> torch.Tensor:
+    """The prefill's 4-D mask [rows, 1, width, width] from the prompt tokens `real` [rows, width]:
     causal, padding keys hidden; a padding query sees itself, so no softmax row is empty (its
     output is never read). Boolean for sdpa; additive (0 / dtype min) for eager, as
     transformers builds them."""
@@ -157,7 +157,7 @@ def _attention_masks(real: torch.Tensor, implementation: str, dtype: torch.dtype
     causal = torch.ones(width, width, dtype=torch.bool, device=real.device).tril()
     allowed = causal[None] & real[:, None, :]
     allowed |= torch.eye(width, dtype=torch.bool, device=real.device)[None]
-    return _as_mask(allowed[:, None], implementation, dtype), real
+    return _as_mask(allowed[:, None], implementation, dtype)
 
 
 def _as_mask(allowed: torch.Tensor, implementation: str, dtype: torch.dtype) -> torch.Tensor:
@@ -238,10 +238,10 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, real: torch.Tensor, 
     n_rows = rows_of.numel()
     cache = PreallocatedCache(model.config.num_hidden_layers, width + max_new_tokens, autocast_dtype)
     mask_dtype = decoder.get_input_embeddings().weight.dtype
-    step_mask, keys_real = _attention_masks(real, implementation, mask_dtype)
+    step_mask = _prefill_mask(real, implementation, mask_dtype)
     positions = (real.long().cumsum(-1) - 1).clamp_(min=0)
     rows = _Rows(n_rows, max_new_tokens, pad_id, next_position=positions[rows_of, -1:] + 1,
-                 keys_real=torch.cat([keys_real[rows_of], keys_real.new_ones(n_rows, max_new_tokens)], dim=1))
+                 keys_real=torch.cat([real[rows_of], real.new_ones(n_rows, max_new_tokens)], dim=1))
     step_input, step_positions, step = input_ids, positions, 0
     with autocast(device, autocast_dtype):
         for step in range(max_new_tokens):
