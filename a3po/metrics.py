@@ -110,6 +110,8 @@ METRICS: tuple[Metric, ...] = (
              "time/rollout", "time/prox_logp", "time/prox_reference", "time/fidelity", "time/train", "time/weight_sync",
              "time/eval",
              "time/checkpoint", "time/warmup"),
+    Metric("runtime/shared_device", "runtime", "step", "async: 1 when rollout and training share one CUDA device "
+           "(each thread's phase times include the other's kernels; docs/design.md, Timing keys)"),
     Metric(COLLAPSED, "loop", "step", "1 when the policy has collapsed (a3po.run.health), else 0"),
     Metric(COLLAPSE_STEP, "loop", "step", "while collapsed: the first step of the collapse"),
     Metric(DIVERGED, "loop", "step", "1 on the one line a diverged run logs for the step it stopped at"),

@@ -21,6 +21,19 @@ def synchronize(device: torch.device | str | None) -> None:
         torch.cuda.synchronize(device)
 
 
+def same_cuda_device(a: torch.device | str | None, b: torch.device | str | None) -> bool:
+    """Whether `a` and `b` are one CUDA device (`cuda` is `cuda:0`, as a3po.run.parts has it).
+
+    Two threads timing phases on one device time each other's kernels: `synchronize` waits
+    for the whole device, and CUDA events on the default stream, which both threads share,
+    complete after whatever the other thread queued before them. a3po.runtimes.asynchronous
+    flags such timings (`runtime/shared_device`)."""
+    if a is None or b is None:
+        return False
+    a, b = torch.device(a), torch.device(b)
+    return a.type == b.type == "cuda" and (a.index or 0) == (b.index or 0)
+
+
 # Phases that only measure (train.log_prox_errors: the reference forward, the fidelity
 # telemetry): timed apart and left out of `time/step` and `time/step_cpu` (a3po.run.loop).
 DIAGNOSTIC_PHASES = ("prox_reference", "fidelity")

@@ -153,6 +153,56 @@ def test_forward_flops_by_hand():
     assert forward_flops(model, batch) == 2 * 1000 * 10 + 4 * 8 * 2 * 30 + 2 * 8 * 50 * 4
 
 
+@pytest.mark.parametrize("name, key, peak", [
+    ("NVIDIA H100 80GB HBM3", "H100 SXM", 989e12),
+    ("NVIDIA H100 PCIe", "H100 PCIe", 756e12),
+    ("NVIDIA H100 NVL", "H100 NVL", 835e12),
+    ("NVIDIA H200", "H200 SXM", 989e12),
+    ("NVIDIA H200 NVL", "H200 NVL", 835e12),
+    ("NVIDIA GH200 480GB", "GH200", 989e12),
+    ("NVIDIA A100-SXM4-80GB", "A100 SXM", 312e12),
+    ("NVIDIA A100-PCIE-40GB", "A100 PCIe", 312e12),
+    ("NVIDIA A100 80GB PCIe", "A100 PCIe", 312e12),
+    ("NVIDIA L40S", "L40S", 362e12),
+    ("NVIDIA B200", "B200", 2250e12),
+    ("NVIDIA H800", None, None),  # a model not in the table
+    ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", None, None),  # a slice: no datasheet figure
+    ("NVIDIA H100 PCIe NVL", None, None),  # two form factors
+    ("Tesla V100-SXM2-16GB", None, None),
+    ("", None, None),
+])
+def test_peak_flops_matches_the_device_name_exactly(monkeypatch, name, key, peak):
+    from a3po.benchmark.derive import device_model, peak_flops
+
+    seen = []
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: seen.append(device) or name)
+    assert device_model(name) == key
+    assert peak_flops(torch.device("cuda:1"), "bf16") == peak and seen == [torch.device("cuda:1")]
+    assert peak_flops(torch.device("cuda:1"), "fp32") is None and peak_flops(torch.device("cpu")) is None
+    assert len(seen) == 1  # neither fp32 nor a CPU asks for a name
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_output_layer_is_counted_once_tied_or_untied(tied):
+    """hidden 16, intermediate 32, 2 layers, 4 heads of 4, 2 key-value heads, vocab 64, no
+    biases: a layer is q 16x16 + k, v 16x8 each + o 16x16 + MLP 3 x 16x32 + 2 norms of 16 =
+    2,336; two layers and the final norm 4,688 non-embedding parameters, tied or not, and
+    the 64x16 output layer only in the lm_head term (at response positions)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from a3po.benchmark.derive import forward_flops
+    from a3po.benchmark.workload import parameter_counts
+
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
+    counts = parameter_counts(LlamaForCausalLM(config))
+    assert counts == {"params": 4688 + 64 * 16 * (1 if tied else 2), "non_embedding_params": 4688,
+                      "tied_embeddings": tied}
+    model = {**counts, "hidden": 16, "layers": 2, "vocab": 64}
+    batch = {"tokens": 10, "attention_pairs": 30, "response_tokens": 4}
+    assert forward_flops(model, batch) == 2 * 4688 * 10 + 4 * 16 * 2 * 30 + 2 * 16 * 64 * 4 == 105_792
+
+
 def test_parse_algo_and_summary():
     assert parse_algo("loglinear") == ("loglinear", "inverse")
     assert parse_algo("linear:exponential") == ("linear", "exponential")

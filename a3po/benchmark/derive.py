@@ -3,26 +3,53 @@ step-time ratio, throughput and MFU, and the approximation's memory-bandwidth fl
 
 from __future__ import annotations
 
+import re
 import statistics
 from typing import Any
 
 import torch
 
-# Dense bf16 tensor-core peaks (vendor datasheets), matched against torch.cuda.get_device_name
-# in this order, so the more specific names come first.
-PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
-    ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12),  # the last: SXM
-    ("H200", 989e12), ("GH200", 989e12), ("B200", 2250e12), ("A100", 312e12), ("L40S", 362e12),
-)
+# Dense (not 2:4-sparse) bf16 tensor-core peaks, per GPU, from NVIDIA's datasheets (their
+# "with sparsity" figures halved), keyed by model and form factor (`device_model`).
+PEAK_BF16_FLOPS: dict[str, float] = {
+    "H100 SXM": 989e12, "H100 PCIe": 756e12, "H100 NVL": 835e12,
+    "H200 SXM": 989e12, "H200 NVL": 835e12, "GH200": 989e12,
+    "A100 SXM": 312e12, "A100 PCIe": 312e12, "L40S": 362e12, "B200": 2250e12,
+}
+# Words of a device name that name a form factor; memory sizes and types are ignored.
+_FORMS = {"SXM": "SXM", "SXM4": "SXM", "SXM5": "SXM", "PCIE": "PCIe", "NVL": "NVL"}
+_MEMORY = re.compile(r"\d+GB?|HBM\d[A-Z]?")
+
+
+def device_model(name: str) -> str | None:
+    """The `PEAK_BF16_FLOPS` key of a `torch.cuda.get_device_name`, matched word by word:
+    "NVIDIA H100 80GB HBM3" -> "H100 SXM", "NVIDIA A100-PCIE-40GB" -> "A100 PCIe",
+    "NVIDIA H200 NVL" -> "H200 NVL". A model without a form factor is its SXM part where the
+    table has one; any word that is not a form factor or a memory size or type (a MIG slice,
+    a model not in the table) gives None: no figure rather than a wrong one."""
+    words = re.sub(r"^NVIDIA\s+", "", name.strip(), flags=re.IGNORECASE).upper().replace("-", " ").split()
+    if not words:
+        return None
+    model, forms = words[0], set()
+    for word in words[1:]:
+        if word in _FORMS:
+            forms.add(_FORMS[word])
+        elif not _MEMORY.fullmatch(word):
+            return None
+    if len(forms) > 1:
+        return None
+    keys = [f"{model} {form}" for form in forms] or [model, f"{model} SXM"]
+    return next((key for key in keys if key in PEAK_BF16_FLOPS), None)
 
 
 def peak_flops(device: torch.device, precision: str = "bf16") -> float | None:
     """The nominal dense bf16 peak of a known GPU; None on a CPU (no datasheet figure applies
-    to a VM's share of one) or for fp32, whose GPU peak is not a tensor-core figure."""
+    to a VM's share of one), for fp32, whose GPU peak is not a tensor-core figure, or for a
+    device name `device_model` does not know."""
     if device.type != "cuda" or precision != "bf16":
         return None
-    name = torch.cuda.get_device_name(device)
-    return next((flops for key, flops in PEAK_BF16_FLOPS if key in name), None)
+    key = device_model(torch.cuda.get_device_name(device))
+    return PEAK_BF16_FLOPS[key] if key else None
 
 
 def median(report: dict, name: str, key: str = "seconds") -> float | None:
@@ -87,9 +114,11 @@ def kernel_ratios(report: dict) -> dict[str, Any]:
 
 def forward_flops(model: dict, batch: dict) -> float:
     """Model FLOPs of one forward over the batch, as the trainer runs it: 2 x non-embedding
-    parameters per token (every real token), causal attention's QK^T and AV (2 x 2 x hidden
-    per query-key pair per layer), and the lm_head (2 x hidden x vocab) at response positions
-    only, where the trainer applies it. Padding is not counted: it is waste, not work."""
+    parameters per token (every real token; neither the input embedding nor the output layer,
+    tied or not: `a3po.benchmark.workload.parameter_counts`), causal attention's QK^T and AV
+    (2 x 2 x hidden per query-key pair per layer), and the lm_head (2 x hidden x vocab) at
+    response positions only, where the trainer applies it: the output layer counted once.
+    Padding is not counted: it is waste, not work."""
     dense = 2 * model["non_embedding_params"] * batch["tokens"]
     attention = 4 * model["hidden"] * model["layers"] * batch["attention_pairs"]
     lm_head = 2 * model["hidden"] * model["vocab"] * batch["response_tokens"]
@@ -166,7 +195,9 @@ def derive(report: dict, device: torch.device, traffic: dict[str, dict[str, Any]
     """The headline ratios, the ceiling of the step-time ratio, throughput and MFU, the bandwidth floor."""
     peak = peak_flops(device, report["model"].get("precision", "bf16"))
     out = {**prox_ratios(report), **step_ratios(report), **kernel_ratios(report),
-           "throughput": throughput(report, peak), "peak_flops": peak, "peak_flops_measured": measured_peak(report),
+           "throughput": throughput(report, peak), "peak_flops": peak,
+           "peak_flops_device": device_model(torch.cuda.get_device_name(device)) if device.type == "cuda" else None,
+           "peak_flops_measured": measured_peak(report),
            **bandwidth_floor(report, traffic)}
     if "rollout" in report["results"]:
         out["rollout_tokens_per_s"] = median(report, "rollout", "tokens") / median(report, "rollout")

@@ -217,11 +217,25 @@ def build_workload(cfg: DictConfig, options: BenchmarkOptions) -> Workload:
                     StartState(policy, reference.optimizer))
 
 
+def parameter_counts(policy: torch.nn.Module) -> dict[str, Any]:
+    """All parameters (a tied weight once), and the non-embedding ones: without the input
+    embedding and, where untied, without the output layer either, which `forward_flops`
+    counts apart (at response positions only), so it is counted once tied or untied."""
+    params = {id(p): p.numel() for p in policy.parameters()}
+    embeddings = {id(p) for p in policy.get_input_embeddings().parameters()}
+    output = policy.get_output_embeddings()
+    if output is not None:
+        embeddings |= {id(p) for p in output.parameters()}
+    return {"params": sum(params.values()),
+            "non_embedding_params": sum(n for key, n in params.items() if key not in embeddings),
+            "tied_embeddings": output is not None and output.weight is policy.get_input_embeddings().weight}
+
+
 def model_info(w: Workload) -> dict[str, Any]:
     """The model as the report records it; the FLOP counts are computed from it."""
-    config, params = w.policy.config, sum(p.numel() for p in w.policy.parameters())
-    return {"name": w.cfg.model.name, "dtype": w.cfg.model.dtype, "precision": w.precision, "params": params,
-            "non_embedding_params": params - w.policy.get_input_embeddings().weight.numel(),
+    config = w.policy.config
+    return {"name": w.cfg.model.name, "dtype": w.cfg.model.dtype, "precision": w.precision,
+            **parameter_counts(w.policy),
             "hidden": int(config.hidden_size), "layers": int(config.num_hidden_layers), "vocab": int(config.vocab_size)}
 
 

@@ -27,7 +27,7 @@ from typing import Callable
 from a3po.batch import RolloutBatch
 from a3po.rollout.base import GenerationCancelled
 from a3po.rollout.producer import Rollout, as_rollout
-from a3po.timer import PhaseTimer
+from a3po.timer import PhaseTimer, same_cuda_device
 from a3po.runtimes.staleness import staleness_metrics
 
 log = logging.getLogger(__name__)
@@ -91,6 +91,7 @@ class AsyncRuntime:
         self.rollout_timer = rollout_timer
         self.step_timer = step_timer
         self._rollout_phases: dict[int, dict[str, float]] = {}
+        self.shared_device = self._warn_if_shared_device()
         self.manager = StalenessManager(max_staleness, batch_size)
         self.next_to_generate = 0
         self._ready: dict[int, Rollout] = {}
@@ -100,6 +101,20 @@ class AsyncRuntime:
         self._error: BaseException | None = None
         self._worker: threading.Thread | None = None
         self._closed = False
+
+    def _warn_if_shared_device(self) -> bool:
+        """Whether rollout (its timer's device) and training (the step timer's) share one CUDA
+        device: then each thread's phase timers also wait for the other's kernels
+        (a3po.timer.same_cuda_device), so `time/rollout`, `time/prox_logp` and `time/train`
+        overlap. Said once here, and on every step as `runtime/shared_device` = 1."""
+        devices = [getattr(timer, "device", None) for timer in (self.rollout_timer, self.step_timer)]
+        shared = same_cuda_device(*devices)
+        if shared:
+            log.warning("runtime=async with rollout and training on one CUDA device (%s): each phase's time "
+                        "includes the other thread's kernels; its metrics carry runtime/shared_device=1, and "
+                        "time/rollout, time/prox_logp and time/train are not comparable with a lagged run's. "
+                        "Set rollout.device to another GPU for clean timings.", devices[1])
+        return shared
 
     # ------------------------------------------------------------------ trainer side
     def batch_for(self, step: int, version: int) -> Rollout:
@@ -129,6 +144,8 @@ class AsyncRuntime:
             else:
                 metrics[f"time/{name}"] = seconds
         metrics["time/wait_data"] = time.perf_counter() - started
+        if self.shared_device:
+            metrics["runtime/shared_device"] = 1.0
         metrics.update(staleness_metrics(batch.samples, version, detail=True))
         return batch, metrics
 
