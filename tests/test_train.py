@@ -122,6 +122,33 @@ def test_resume_drops_steps_logged_after_the_checkpoint(tiny_cfg):
     assert [r["step"] for r in read_metrics(path)] == [0, 1, 2, 3]
 
 
+def test_the_restored_checkpoint_is_freed_before_training_resumes(tiny_cfg, monkeypatch):
+    """last.pt's copy of the weights (~4 bytes a parameter, more than the model at 1.5B in
+    float32) must not stay alive for the whole resumed run."""
+    import gc
+    import weakref
+
+    import a3po.run.main as main
+
+    run(tiny_cfg("train.total_steps=3", "train.max_steps_this_run=1", "train.checkpoint_every=0"))
+    restored, alive_at_training = [], []
+    real_restore, real_loop = main.restore, main.train_loop
+
+    def restore(parts, checkpoint, resuming):
+        restored.extend(weakref.ref(t) for t in checkpoint["model"].values())
+        real_restore(parts, checkpoint, resuming)
+
+    def train_loop(*args, **kwargs):
+        gc.collect()
+        alive_at_training.extend(ref for ref in restored if ref() is not None)
+        return real_loop(*args, **kwargs)
+
+    monkeypatch.setattr(main, "restore", restore)
+    monkeypatch.setattr(main, "train_loop", train_loop)
+    run(tiny_cfg("train.total_steps=3", "train.checkpoint_every=0"))
+    assert len(restored) > 0 and alive_at_training == []
+
+
 @pytest.mark.parametrize(
     "override, key",
     [

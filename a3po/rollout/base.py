@@ -52,7 +52,10 @@ class StagedWeightUpdates:
     holds `_generate_lock` while it generates and calls `_apply_pending()` at those points.
     """
 
-    def _init_staging(self) -> None:
+    def _init_staging(self, dtype: torch.dtype | None = None) -> None:
+        """`dtype`: floating tensors are staged in it (the engine's own weight dtype, into which its
+        loader casts them anyway); None stages exact clones."""
+        self._staging_dtype = dtype
         self._generate_lock = threading.Lock()
         self._pending_lock = threading.Lock()
         self._pending: tuple[dict[str, torch.Tensor], int] | None = None
@@ -66,9 +69,14 @@ class StagedWeightUpdates:
             finally:
                 self._generate_lock.release()
             return
-        staged = {name: tensor.detach().clone() for name, tensor in policy.state_dict().items()}
+        staged = {name: self._stage(tensor.detach()) for name, tensor in policy.state_dict().items()}
         with self._pending_lock:
             self._pending = (staged, version)
+
+    def _stage(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self._staging_dtype is not None and tensor.is_floating_point():
+            return tensor.to(self._staging_dtype, copy=True)
+        return tensor.clone()
 
     def _apply_pending(self) -> None:
         with self._pending_lock:

@@ -76,7 +76,10 @@ class VLLMEngine(StagedWeightUpdates):
 
     def __init__(self, llm, *, temperature: float, top_p: float, max_new_tokens: int,
                  stop_token_ids: Iterable[int], model_dir: str | None = None, seed_per_request: bool = True,
-                 interruptible: bool = False) -> None:
+                 interruptible: bool = False, weight_dtype: torch.dtype | None = None) -> None:
+        """`weight_dtype`: vLLM's model dtype, in which an update made during a generation is
+        staged (its loaders cast every weight of a dense model to it: the same values, half the
+        float32 copy's memory under bf16)."""
         self.llm = llm
         self.temperature = float(temperature)
         self.top_p = float(top_p)
@@ -87,7 +90,7 @@ class VLLMEngine(StagedWeightUpdates):
         self.version = 0
         self._model_dir = model_dir
         self._calls = 0
-        self._init_staging()
+        self._init_staging(weight_dtype)
         self._cancelled = threading.Event()
         self.last_update_seconds: float | None = None
         # OpenMP keeps its thread count per OS thread: a thread other than the one that built
@@ -108,7 +111,8 @@ class VLLMEngine(StagedWeightUpdates):
         llm, model_dir, seed_per_request, start_seconds = start_llm(rollout_cfg, policy, tokenizer, device, precision)
         engine = cls(llm, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p,
                      max_new_tokens=rollout_cfg.max_new_tokens, stop_token_ids=HFEngine._eos_ids(policy, tokenizer),
-                     model_dir=model_dir, seed_per_request=seed_per_request)
+                     model_dir=model_dir, seed_per_request=seed_per_request,
+                     weight_dtype=llm.llm_engine.vllm_config.model_config.dtype)
         try:
             engine._load(policy.state_dict(), version=0)
         except BaseException:

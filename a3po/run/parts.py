@@ -115,7 +115,9 @@ def build_parts(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Dist
         rollout_policy = load_policy(cfg.model, device=on_device if cfg.rollout.name == "hf" else "cpu",
                                      seed=cfg.seed)[0]  # the trainer's requires_grad flags: see HFCopyEngine
     engine = build_engine(cfg.rollout, rollout_policy, tokenizer, on_device, concurrent=concurrent,
-                          interruptible=bool(cfg.runtime.get("interruptible", False)), precision=cfg.precision)
+                          interruptible=bool(cfg.runtime.get("interruptible", False)), precision=cfg.precision,
+                          trainer_device=device, world=dist.world,
+                          max_sequences=max(cfg.train.n_prompts * cfg.train.n_samples, cfg.train.eval_size))
     # Rollout in another thread times itself on a timer of its own (see build_runtime).
     producer = RolloutProducer(cfg, task, tokenizer, engine, PhaseTimer(on_device) if concurrent else timer)
     runtime = build_runtime(cfg, producer, engine, step_timer=timer)
