@@ -130,3 +130,20 @@ def test_an_update_during_a_generation_is_staged_in_the_engines_weight_dtype(dty
     assert staged["weight"].data_ptr() != policy.weight.data_ptr()
     # what a loader's copy_ into a weight of that dtype would hold, to the bit
     assert torch.equal(staged["weight"], torch.empty(3, 4, dtype=expected).copy_(policy.weight.detach()))
+
+
+@pytest.mark.parametrize("engine, rollout_device, trainer_device, world, own", [
+    ("hf", "cpu", "cpu", 1, False),
+    ("vllm", "cpu", "cpu", 1, False),
+    ("vllm", "cuda:0", "cuda:0", 1, False),
+    ("vllm", "cuda:1", "cuda:1", 1, True),    # a child on the trainer's own GPU: weights travel through the host
+    ("vllm", "cuda:1", "cuda:0", 1, True),
+    ("hf", "cuda:1", "cuda:0", 1, True),
+    ("hf", "cpu", "cpu", 2, True),
+])
+def test_the_rollout_side_holds_its_own_policy_where_it_cannot_share_the_trainers(engine, rollout_device,
+                                                                                    trainer_device, world, own):
+    from a3po.run.parts import needs_own_policy
+
+    cfg = OmegaConf.create({"rollout": {"name": engine}})
+    assert needs_own_policy(cfg, torch.device(rollout_device), torch.device(trainer_device), world) is own

@@ -80,6 +80,17 @@ def rollout_device(cfg: DictConfig, trainer_device: torch.device) -> torch.devic
     return trainer_device if same else device  # `cuda` and `cuda:0` are one device: no copy for it
 
 
+def needs_own_policy(cfg: DictConfig, on_device: torch.device, trainer_device: torch.device, world: int) -> bool:
+    """Whether the rollout side holds a policy of its own (filled by each weight sync) instead of
+    the trainer's module: under torchrun, on another device, or for a vLLM child process, which
+    receives its weights through host shared memory (a3po.rollout.vllm_child)."""
+    from a3po.rollout import vllm_placement
+
+    if world > 1 or on_device != trainer_device:
+        return True
+    return cfg.rollout.name == "vllm" and vllm_placement(on_device, trainer_device, world)[0] == "child"
+
+
 def build_runtime(cfg: DictConfig, produce: RolloutProducer, engine, step_timer: PhaseTimer):
     """The lagged runtime calls `produce` in the training thread; the async one in its own,
     with the producer's private timer charged back to `step_timer` per batch."""
@@ -111,7 +122,7 @@ def build_parts(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Dist
         return RunParts(cfg, run_dir, dist, timer, policy, tokenizer, trainer, WeightSync(policy, None, None, dist))
     concurrent = cfg.runtime.name == "async"
     rollout_policy = policy
-    if dist.world > 1 or on_device != device:  # loaded where it lives: no transient copy on `device`
+    if needs_own_policy(cfg, on_device, device, dist.world):  # loaded where it lives: no transient copy on `device`
         rollout_policy = load_policy(cfg.model, device=on_device if cfg.rollout.name == "hf" else "cpu",
                                      seed=cfg.seed)[0]  # the trainer's requires_grad flags: see HFCopyEngine
     engine = build_engine(cfg.rollout, rollout_policy, tokenizer, on_device, concurrent=concurrent,
