@@ -87,6 +87,13 @@ def validate_world(cfg: DictConfig, world: int) -> None:
     )
 
 
+def validate_resolved(cfg: DictConfig) -> None:
+    """The checks that need the resolved `precision` (a3po.device.resolve_precision)."""
+    mixed = cfg.train.get("fsdp_mixed_precision", False)
+    _require(not mixed or cfg.precision == "bf16", "train.fsdp_mixed_precision", mixed,
+             f"false with precision={cfg.precision} (it gathers the weights in bf16: set precision=bf16)")
+
+
 def validate_config(cfg: DictConfig) -> None:
     """Every check that needs no model, tokenizer or data: each fixed group against its typed
     schema (a3po.schema), the ablation axes against their specs, then the rules that cross

@@ -129,19 +129,24 @@ def _collective_device() -> torch.device:
 
 
 # ------------------------------------------------------------------ FSDP2
-def wrap_fsdp(model: torch.nn.Module, forward_method: Callable[..., Any] | None = None) -> Callable[..., Any] | None:
+def wrap_fsdp(model: torch.nn.Module, forward_method: Callable[..., Any] | None = None,
+              mixed_precision: bool = False) -> Callable[..., Any] | None:
     """Shard `model` over every rank with FSDP2: each decoder layer, then the root (embedding,
     final norm, tied lm_head). Gradients are SUMMED over ranks, not averaged: each rank's loss
     is its share of the whole minibatch's token mean, so the sum is the 1-process gradient.
     `forward_method` (the trainer's, which calls the decoder and lm_head itself) is returned
-    wrapped so the root's parameters are gathered around it as around `forward`."""
+    wrapped so the root's parameters are gathered around it as around `forward`.
+    `mixed_precision` (`train.fsdp_mixed_precision`): weights gathered in bf16, gradients
+    reduced in float32 (FSDP2's MixedPrecisionPolicy)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
     mesh = init_device_mesh(next(model.parameters()).device.type, (dist.get_world_size(),))
+    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision
+              else MixedPrecisionPolicy())
     for layer in model.get_decoder().layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     for module in model.modules():
         if hasattr(module, "set_gradient_divide_factor"):
             module.set_gradient_divide_factor(1.0)

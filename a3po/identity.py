@@ -50,6 +50,7 @@ RESULT_NEUTRAL_KEYS = (
     "train.keep_checkpoint",
     "train.save_final_model",
     "train.warmup",
+    "train.activation_checkpointing",  # the same forward, run again in backward
     "train.collapse_entropy",  # the collapse rule flags runs; it changes no number a run computes
     "train.collapse_grad_norm",
     "train.collapse_steps",
@@ -60,7 +61,8 @@ DERIVED_KEYS = ("identity",)  # built from the other keys (a3po.identity): compa
 # A key a run's config.yaml lacks because it was written before the key existed, compared as
 # the value that run actually used: every run before `precision` computed in float32 on a CPU.
 # model.attn_implementation: every run before the key existed computed attention with eager.
-LEGACY_VALUES = {"precision": "fp32", "model.attn_implementation": "eager"}
+# train.fsdp_mixed_precision: every run before the key gathered float32 weights under autocast.
+LEGACY_VALUES = {"precision": "fp32", "model.attn_implementation": "eager", "train.fsdp_mixed_precision": False}
 # Keys an older config.yaml holds that have moved, with their new home. The old key's value
 # was interpolated into the new home (conf/objective/ppo.yaml, conf/correction/none.yaml), or
 # unused beside another objective or correction, so the new home alone is compared.

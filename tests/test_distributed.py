@@ -144,6 +144,32 @@ def test_two_processes_resume_to_the_same_result(reference_runs, tmp_path):
         assert d <= METRIC_ATOL + METRIC_RTOL * abs(_records(two)[-1][k]), k
 
 
+def test_activation_checkpointing_under_fsdp2_changes_no_result(reference_runs, tmp_path):
+    """Checkpointing is applied before fully_shard; the recomputed forward is the same one."""
+    _, two = reference_runs
+    checkpointed = _train(tmp_path / "checkpointed", "train.activation_checkpointing=true", processes=2)
+    assert weight_difference(two, checkpointed) < WEIGHT_TOLERANCE
+    for k, d in metric_differences(two, checkpointed).items():
+        assert d <= METRIC_ATOL + METRIC_RTOL * abs(_records(two)[-1][k]), k
+
+
+def test_fsdp2_mixed_precision_gathers_bf16_weights_and_trains_like_autocast(tmp_path):
+    """`train.fsdp_mixed_precision`: bf16 weights in the forward (all of them, norms and embedding
+    included) instead of autocast's casts of the matmuls' inputs: another rounding of the same
+    training, so close to the autocast run but not equal to it."""
+    autocast_run = _train(tmp_path / "autocast", "precision=bf16", processes=2)
+    mixed = _train(tmp_path / "mixed", "precision=bf16", "train.fsdp_mixed_precision=true", processes=2)
+    ours, theirs = _records(mixed), _records(autocast_run)
+    assert [r["step"] for r in ours] == [0, 1, 2]
+    assert weight_difference(autocast_run, mixed) > 0  # the key reached FSDP2: another rounding
+    for x, y in zip(ours, theirs):  # staleness 2: all three batches come from the initial weights
+        assert x["reward/mean"] == y["reward/mean"]
+        assert x["actor/entropy"] == pytest.approx(y["actor/entropy"], rel=1e-3)
+        assert x["actor/grad_norm"] == pytest.approx(y["actor/grad_norm"], rel=0.1)  # measured: within 5.1%
+    for name, tensor in _weights(mixed).items():
+        assert tensor.dtype == torch.float32, name  # the master weights stay float32
+
+
 def test_a_world_larger_than_a_minibatch_fails_at_start(tmp_path):
     # 2 x 2 samples in 4 minibatches of 1: 2 ranks cannot share one sample
     proc = _launch(tmp_path, "model=tiny", "logger=none", "device=cpu", "train.n_prompts=2", "train.n_samples=2",

@@ -51,7 +51,7 @@ def test_each_yaml_group_is_its_schema(path, key, schema, defaults):
     ({"adam_betas": [0.9, 1.0]}, "train.adam_betas=[0.9, 1.0] is not allowed; it must be two numbers in [0, 1)"),
     ({"collapse_steps": 0}, "train.collapse_steps=0 is not allowed; it must be an integer >= 1 (consecutive steps), "
                             "or null for 3"),
-    ({"lrr": 1e-5}, "train.lrr is not a key of train; its keys: ['adam_betas',"),
+    ({"lrr": 1e-5}, "train.lrr is not a key of train; its keys: ['activation_checkpointing', 'adam_betas',"),
 ])
 def test_a_bad_train_value_names_the_key_the_value_and_what_is_allowed(group, message):
     with pytest.raises(ConfigError) as err:

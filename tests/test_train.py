@@ -164,6 +164,8 @@ def test_the_restored_checkpoint_is_freed_before_training_resumes(tiny_cfg, monk
         ("logger.mode=sometimes", "logger.mode='sometimes'"),
         ("precision=fp16", "precision='fp16'"),
         ("train.warmup=maybe", "train.warmup='maybe'"),
+        ("train.activation_checkpointing=2", "train.activation_checkpointing=2"),
+        ("precision=fp32 train.fsdp_mixed_precision=true", "train.fsdp_mixed_precision=True is not allowed; false with precision=fp32"),
     ],
 )
 def test_bad_config_fails_before_loading(tiny_cfg, override, key, monkeypatch):

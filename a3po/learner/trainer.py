@@ -26,6 +26,7 @@ from a3po.maths.logprobs import token_logprobs, token_logprobs_and_entropy
 from a3po.maths.loss import decoupled_loss
 from a3po.maths.proximal import ALGOS, approximate_prox_logp
 from a3po.maths.schedules import validate_schedule
+from a3po.models.loading import enable_activation_checkpointing
 from a3po.distributed import (SINGLE, DistInfo, all_reduce_max, all_reduce_sum, local_value, shard,
                                   wrap_fsdp)
 from a3po.timer import DeviceSpans, PhaseTimer
@@ -62,8 +63,11 @@ class Trainer:
         self._decoder = policy.get_decoder() if hasattr(policy, "get_decoder") else None
         self._lm_head = policy.get_output_embeddings()
         self._logits = self._response_logits
+        if cfg.train.get("activation_checkpointing", False):  # before FSDP2 shards the layers
+            enable_activation_checkpointing(policy)
         if dist.world > 1:  # the root's parameters are gathered around this call as around forward
-            self._logits = wrap_fsdp(policy, forward_method=self._response_logits)
+            self._logits = wrap_fsdp(policy, forward_method=self._response_logits,
+                                     mixed_precision=bool(cfg.train.get("fsdp_mixed_precision", False)))
         self.optimizer = make_optimizer(policy, cfg.train)
         # `precision` (resolved, a3po.device): bf16 is autocast with float32 master weights,
         # optimizer and log-softmax; the HF engine samples under the same rule, so behave and

@@ -9,7 +9,7 @@ import torch
 
 
 __all__ = ["DTYPES", "ATTN_IMPLEMENTATION", "ATTN_IMPLEMENTATIONS", "attn_implementation", "dtype_kwargs",
-           "load_pretrained", "prepare_tokenizer", "check_chat_template"]
+           "load_pretrained", "prepare_tokenizer", "check_chat_template", "enable_activation_checkpointing"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # `model.attn_implementation`, the default and what a run directory without the key used. eager:
@@ -58,3 +58,12 @@ def check_chat_template(tokenizer, source: Path) -> None:
             f"the SmolLM2 tokenizer from {source} has no ChatML chat template; the converted "
             f"cache is damaged: delete {source} and it will be rebuilt from the GGUF"
         )
+
+
+def enable_activation_checkpointing(model) -> None:
+    """Each decoder layer keeps only its input and runs again in backward (`train.activation_checkpointing`):
+    transformers' per-layer checkpointing with torch's non-reentrant checkpoint, which composes with
+    FSDP2 and autocast. Call it before the layers are sharded. Training forwards only: the layers
+    checkpoint in train mode, and rollout and recompute run without gradients."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False

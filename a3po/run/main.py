@@ -23,7 +23,7 @@ import torch
 from omegaconf import DictConfig
 
 from a3po.allocator import retain_freed_memory
-from a3po.config import validate_config, validate_world
+from a3po.config import validate_config, validate_resolved, validate_world
 from a3po.device import resolve_device, resolve_precision
 from a3po.distributed import DistInfo, close_distributed, init_distributed, launched_world, rank_device
 from a3po.run.health import RunDiverged
@@ -54,6 +54,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     # The resolved precision is what the run records (config.yaml, wandb, run name): `auto`
     # may mean bf16 on one machine and fp32 on another, and those are different runs.
     cfg.precision = resolve_precision(cfg.get("precision", "auto"), device, cfg.model.get("dtype", "float32"))
+    validate_resolved(cfg)
     # Will it fit? Before the run directory is claimed and any weight loads, so a config too large
     # for the machine stops in seconds with a config error instead of the OOM killer's exit 137.
     # Every rank checks its own device (a refused rank ends a torchrun job).
