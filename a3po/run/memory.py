@@ -24,11 +24,10 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from a3po.run.memory_model import (ACTIVATION_BYTES, ACTIVATION_OUTSIDE_LAYERS, BASELINE_BYTES,
-                                   BF16_CPU_BYTES_PER_POSITION, DECODE_VOCAB_BYTES, GIB, HEAP_SLACK, LOGITS_BYTES,
-                                   LOGITS_CHUNK_BYTES, MMAP_THRESHOLD_MAX, PREFILL_ATTENTION_BYTES, SAMPLE_BYTES,
-                                   SMALL_ALLOCATION,
+from a3po.run.memory_model import (BASELINE_BYTES, BF16_CPU_BYTES_PER_POSITION, DECODE_VOCAB_BYTES, GIB, HEAP_SLACK,
+                                   MMAP_THRESHOLD_MAX, PREFILL_ATTENTION_BYTES, SAMPLE_BYTES, SMALL_ALLOCATION,
                                    Architecture, Estimate, Part, format_bytes)
+from a3po.run.memory_train import TRAIN_KEYS, TrainShape, layer_tensor, micro_batch_shape, train_parts
 
 __all__ = ["estimate_memory", "rollout_parts", "train_parts", "micro_batch_shape", "heap_slack", "TRAIN_KEYS"]
 
@@ -53,7 +52,14 @@ def rollout_parts(arch: Architecture, *, rows: int, prompt: int, new_tokens: int
     step = rows * arch.vocab_size * DECODE_VOCAB_BYTES
     prompts = math.ceil(rows / samples)
     prefill = prompts * arch.num_attention_heads * prompt * prompt * PREFILL_ATTENTION_BYTES
+    # transformers' attention repeats each key/value head for its query heads (`repeat_kv`) at
+    # every decode step: two cache-sized tensors of the query heads' width, one layer at a time
+    repeated = 2 * rows * arch.num_attention_heads * positions * arch.head_dim * compute
+    repeated = repeated if arch.num_attention_heads != arch.num_key_value_heads else 0
     return [
+        Part(f"{label} repeated key/value heads", repeated, keys, "rollout", device,
+             f"2 x {rows} rows x {arch.num_attention_heads} heads x {positions} positions x {arch.head_dim} x "
+             f"{compute} B (one layer's, at each decode step)", tensor=repeated // 2),
         Part(f"{label} KV cache", kv, keys, "rollout", device,
              f"{arch.num_hidden_layers} layers x 2 x {rows} rows x {arch.num_key_value_heads} kv heads x "
              f"({prompt} prompt + {new_tokens} new) positions x {arch.head_dim} x {compute} B",
@@ -86,93 +92,40 @@ def _hf_rollout_weights(arch: Architecture, weight_bytes: int, *, cast_bf16: boo
                           device, f"{rest:,} params x {weight_bytes} B"))
         staged = (arch.n_params + (arch.lm_head_params if arch.tie_word_embeddings else 0)) * weight_bytes
         parts.append(Part("rollout staged weight update (async)", staged, ("runtime.name", "model"), "rollout", device,
-                          "one clone of the state dict (a tied weight twice)", tensor=_layer_tensor(arch, weight_bytes)))
+                          "one clone of the state dict (a tied weight twice)", tensor=layer_tensor(arch, weight_bytes)))
     return parts
 
 
 def _vllm_parts(cfg: Any, arch: Architecture, weight_bytes: int, *, separate: bool, device: str,
-                device_total: int | None, precision: str) -> list[Part]:
+                device_total: int | None, precision: str, trainer_device: str = "cpu") -> list[Part]:
     """vLLM holds its own weights and a KV cache of a configured size: `rollout.cpu_kv_cache_gib`
     on a CPU; on a GPU `rollout.gpu_memory_utilization` of the device's memory, weights included.
-    Its host copy of the policy (a3po.run.parts) where the rollout is elsewhere."""
+    Its host copy of the policy (a3po.run.parts) where the rollout is elsewhere. Under
+    runtime=async an update that arrives during a generation is staged in vLLM's dtype
+    (a3po.rollout.base): beside the trainer's weights in process, in host memory in a child."""
     rollout = cfg.rollout
     parts = []
     if separate:
         parts.append(Part("rollout policy copy (host)", arch.n_params * weight_bytes, ("rollout.device", "model"),
                           "always", "cpu", f"{arch.n_params:,} params x {weight_bytes} B"))
+    dtype = rollout.get("dtype") or ("bfloat16" if precision == "bf16" else cfg.model.get("dtype", "float32"))
+    vllm_weight_bytes = weight_bytes if dtype == "auto" else _dtype_bytes(dtype)
+    if cfg.runtime.name == "async":
+        staged = (arch.n_params + (arch.lm_head_params if arch.tie_word_embeddings else 0)) * vllm_weight_bytes
+        parts.append(Part("vLLM staged weight update (async)", staged, ("runtime.name", "rollout.dtype", "model"),
+                          "rollout", "cpu" if separate else trainer_device,
+                          f"one copy of the state dict in vLLM's {vllm_weight_bytes}-byte dtype (a tied weight twice)",
+                          tensor=layer_tensor(arch, vllm_weight_bytes)))
     if device.startswith("cuda"):
         share = float(rollout.get("gpu_memory_utilization", 0.5))
         total = int(share * (device_total or 0))
         parts.append(Part("vLLM weights and KV cache", total, ("rollout.gpu_memory_utilization",), "always", device,
                           f"{share} x the device's {format_bytes(device_total or 0)}"))
         return parts
-    dtype = rollout.get("dtype") or ("bfloat16" if precision == "bf16" else cfg.model.get("dtype", "float32"))
-    vllm_weight_bytes = weight_bytes if dtype == "auto" else _dtype_bytes(dtype)
     gib = float(rollout.get("cpu_kv_cache_gib", 1))
     parts.append(Part("vLLM weights", arch.n_params * vllm_weight_bytes, ("rollout.name", "rollout.dtype", "model"),
                       "always", device, f"{arch.n_params:,} params x {vllm_weight_bytes} B"))
     parts.append(Part("vLLM KV cache", int(gib * GIB), ("rollout.cpu_kv_cache_gib",), "always", device, f"{gib} GiB"))
-    return parts
-
-
-def _layer_tensor(arch: Architecture, nbytes: int) -> int:
-    """The size of a layer's largest weight matrix: what most of a per-parameter set of tensors
-    (gradients, casts, a state dict's clone) is allocated in pieces of."""
-    return arch.hidden_size * max(arch.intermediate_size, arch.num_attention_heads * arch.head_dim) * nbytes
-
-
-def _logprob_chunk_rows(vocab: int) -> int:
-    """Rows of logits the vocabulary pass (a3po.maths.logprobs) takes at once."""
-    from a3po.maths import logprobs
-
-    chunk_rows = getattr(logprobs, "chunk_rows", None)
-    return chunk_rows(vocab) if chunk_rows is not None else logprobs.LOGPROB_CHUNK_ROWS
-
-
-TRAIN_KEYS = ("train.token_budget", "train.n_prompts", "train.n_samples", "train.n_minibatches", "rollout.max_new_tokens")
-
-
-def micro_batch_shape(*, n_samples_total: int, n_minibatches: int, world: int, token_budget: int,
-                      sequence: int) -> tuple[int, int]:
-    """(rows, padded tokens) of the largest training micro-batch: the largest minibatch's
-    share on one rank, packed to `token_budget` padded tokens (a3po.learner.batching), every
-    sequence `sequence` tokens long."""
-    per_minibatch = math.ceil(math.ceil(n_samples_total / n_minibatches) / world)
-    rows = max(1, min(per_minibatch, token_budget // sequence))
-    return rows, rows * sequence
-
-
-def train_parts(arch: Architecture, *, rows: int, sequence: int, response: int, compute: int, cast_bf16: bool,
-                eager: bool, device: str) -> list[Part]:
-    """The largest micro-batch's forward and backward: the layers' saved activations (eager
-    attention's probabilities included), autocast's bf16 weight casts kept for backward, and
-    the response positions' logits (a3po.learner.trainer `_response_logits`) with their
-    gradient and one log-softmax row chunk (a3po.maths.logprobs.LOGPROB_CHUNK_ROWS)."""
-
-    per_h, per_i, per_attention = ACTIVATION_BYTES[compute]
-    tokens = rows * sequence
-    per_token_layer = per_h * arch.hidden_size + per_i * arch.intermediate_size
-    attention = rows * arch.num_attention_heads * sequence * sequence * per_attention if eager else 0
-    layers = arch.num_hidden_layers * (tokens * per_token_layer + attention)
-    activations = layers + tokens * ACTIVATION_OUTSIDE_LAYERS * arch.hidden_size
-    response_rows = rows * response
-    chunk = min(response_rows, _logprob_chunk_rows(arch.vocab_size))
-    logits = (response_rows * LOGITS_BYTES[compute] + chunk * LOGITS_CHUNK_BYTES) * arch.vocab_size
-    largest = max(tokens * arch.intermediate_size * compute, tokens * arch.hidden_size * 4,
-                  rows * arch.num_attention_heads * sequence * sequence * 4 if eager else 0)
-    parts = [
-        Part("training activations", activations, TRAIN_KEYS, "train", device,
-             f"{arch.num_hidden_layers} layers x ({tokens} tokens ({rows} rows x {sequence}) x "
-             f"({per_h} x {arch.hidden_size} + {per_i} x {arch.intermediate_size}) B"
-             + (f" + {rows} x {arch.num_attention_heads} heads x {sequence}^2 x {per_attention} B" if eager else "") + ")",
-             tensor=largest),
-        Part("training response logits", logits, TRAIN_KEYS, "train", device,
-             f"{response_rows} response rows x {arch.vocab_size} vocab x {LOGITS_BYTES[compute]} B + one chunk of "
-             f"{chunk} rows x {LOGITS_CHUNK_BYTES} B", tensor=response_rows * arch.vocab_size * compute),
-    ]
-    if cast_bf16:
-        parts.append(Part("training autocast weight casts", arch.linear_params * 2, ("precision", "model.dtype", "model"),
-                          "train", device, f"{arch.linear_params:,} linear params x 2 B", tensor=_layer_tensor(arch, 2)))
     return parts
 
 
@@ -212,7 +165,8 @@ def estimate_memory(cfg: Any, arch: Architecture, *, prompt_tokens: int, trainer
     parts = _trainer_state(arch, weight_bytes, world, trainer_device)
     if cfg.rollout.name == "vllm":
         parts += _vllm_parts(cfg, arch, weight_bytes, separate=world > 1 or rollout_device != trainer_device,
-                             device=rollout_device, device_total=device_total, precision=cfg.precision)
+                             device=rollout_device, device_total=device_total, precision=cfg.precision,
+                             trainer_device=trainer_device)
     else:
         parts += _hf_rollout_weights(arch, weight_bytes, cast_bf16=cast_bf16, private=concurrent,
                                      separate=world > 1 or rollout_device != trainer_device, device=rollout_device)
@@ -222,8 +176,11 @@ def estimate_memory(cfg: Any, arch: Architecture, *, prompt_tokens: int, trainer
     train = cfg.train
     rows, _ = micro_batch_shape(n_samples_total=train.n_prompts * train.n_samples, n_minibatches=train.n_minibatches,
                                 world=world, token_budget=train.token_budget, sequence=sequence)
-    parts += train_parts(arch, rows=rows, sequence=sequence, response=cfg.rollout.max_new_tokens, compute=compute,
-                         cast_bf16=cast_bf16, eager=eager_attention, device=trainer_device)
+    shape = TrainShape(rows=rows, sequence=sequence, response=cfg.rollout.max_new_tokens, compute=compute,
+                       cast_bf16=cast_bf16, eager=eager_attention, world=world, weight_bytes=weight_bytes,
+                       checkpointing=bool(train.get("activation_checkpointing", False)),
+                       fsdp_mixed=bool(train.get("fsdp_mixed_precision", False)))
+    parts += train_parts(arch, shape, trainer_device)
     parts += heap_slack(parts)
     if world > 1 and trainer_device == "cpu":
         parts.append(_other_ranks(parts, world))
@@ -239,7 +196,7 @@ def _trainer_state(arch: Architecture, weight_bytes: int, world: int, device: st
         Part("weights", int(shard * weight_bytes), ("model", "model.dtype"), "always", device,
              f"{arch.n_params:,} params x {weight_bytes} B{per_rank}"),
         Part("gradients", int(shard * weight_bytes), ("model",), "train", device,
-             f"{arch.n_params:,} params x {weight_bytes} B{per_rank}", tensor=_layer_tensor(arch, weight_bytes)),
+             f"{arch.n_params:,} params x {weight_bytes} B{per_rank}", tensor=layer_tensor(arch, weight_bytes)),
         Part("AdamW state", int(2 * shard * weight_bytes), ("model",), "always", device,
              f"2 x {arch.n_params:,} params x {weight_bytes} B{per_rank}"),
     ]
@@ -283,6 +240,7 @@ def _other_ranks(parts: Sequence[Part], world: int) -> Part:
     """Every other rank of a torchrun job on this host is a process of its own: its baseline,
     its shards and its micro-batch (rank 0 alone holds the rollout side)."""
     trainer_side = {"process baseline", "weights", "gradients", "AdamW state", "training activations",
+                    "training activations (checkpointed)", "FSDP2 gathered weights",
                     "training response logits", "training autocast weight casts", "train heap fragmentation"}
     per_rank = sum(p.nbytes for p in parts if p.name in trainer_side)
     return Part("the other ranks' processes", (world - 1) * per_rank, ("torchrun --nproc-per-node",), "always", "cpu",

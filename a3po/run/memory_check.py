@@ -16,7 +16,7 @@ from a3po.cfg_access import cfg_get, plain
 from a3po.config import memory_check_mode
 from a3po.errors import ConfigError
 from a3po.run.memory import estimate_memory
-from a3po.run.memory_model import SMOLLM2_135M, Architecture, Estimate, Part, architecture_from, format_bytes
+from a3po.run.memory_model import PUBLISHED_CONFIGS, SMOLLM2_135M, Architecture, Estimate, Part, architecture_from, format_bytes
 
 __all__ = ["architecture_of", "longest_prompt_tokens", "available_memory", "host_available", "parse_meminfo",
            "cgroup_room", "verdict", "estimate_run", "check_memory", "WARN_SHARE"]
@@ -46,9 +46,14 @@ def architecture_of(model_cfg: Any) -> tuple[Architecture | None, str]:
         sizes = {key: cfg_get(model_cfg, key) for key in TINY_SIZE_KEYS}
         return architecture_from({**sizes, "vocab_size": smollm2["vocab_size"], "tie_word_embeddings": True}), "model.*"
     path = os.path.expanduser(str(cfg_get(model_cfg, "path")))
-    try:
-        from transformers import AutoConfig
+    from transformers import AutoConfig
 
+    try:  # a local copy or the hub's cache first: no network wait on an offline machine
+        return architecture_from(AutoConfig.from_pretrained(path, local_files_only=True).to_dict()), f"{path} (config)"
+    except Exception:
+        if path in PUBLISHED_CONFIGS:
+            return architecture_from(PUBLISHED_CONFIGS[path]), f"{path}'s published config (not on this machine)"
+    try:
         return architecture_from(AutoConfig.from_pretrained(path).to_dict()), f"{path} (config)"
     except Exception as error:  # offline, gated, a config without these keys: no estimate, no refusal
         return None, f"the config of model.path={path!r} could not be read ({type(error).__name__}: {error})"
@@ -212,6 +217,8 @@ def verdict(estimate: Estimate, available: Mapping[str, tuple[int, str]], top: i
     peak is an error; one within WARN_SHARE of its limit a warning."""
     worst, message = "ok", None
     for device in estimate.devices():
+        if device not in available:  # planning for GPUs alone (a3po.run.memory_plan)
+            continue
         peak = estimate.peak(device)
         room, where = available[device]
         level = "error" if peak > room else "warn" if peak > WARN_SHARE * room else "ok"
@@ -250,11 +257,13 @@ def estimate_run(cfg: Any, arch: Architecture, trainer_device: Any, world: int =
                            mmap_threshold=MMAP_THRESHOLD)  # glibc's, as the run sets it (a3po.allocator)
 
 
-def check_memory(cfg: Any, trainer_device: Any, world: int = 1) -> Estimate | None:
+def check_memory(cfg: Any, trainer_device: Any, world: int = 1, is_main: bool = True) -> Estimate | None:
     """The start-up check (a3po.run.main.run, after precision and device are resolved, before
     the run directory is claimed): ConfigError where the estimated peak exceeds what a device
     has (`memory_check=error`), a warning where it does or comes within 20% of it, nothing with
-    `memory_check=off`. Returns the estimate (None where it was skipped)."""
+    `memory_check=off`. Returns the estimate (None where it was skipped). A rank other than
+    rank 0 (`is_main`) holds no rollout: it checks its own device and the host only, and never
+    opens a CUDA context on the rollout's GPU by asking it for its free memory."""
     mode = memory_check_mode(cfg.get("memory_check", "error"))
     if mode == "off":
         return None
@@ -263,7 +272,11 @@ def check_memory(cfg: Any, trainer_device: Any, world: int = 1) -> Estimate | No
         log.warning("memory check skipped: %s", source)
         return None
     estimate = estimate_run(cfg, arch, trainer_device, world)
-    level, message = verdict(estimate, {device: available_memory(device) for device in estimate.devices()})
+    import torch
+
+    own = {"cpu", _device_name(torch.device(trainer_device))}
+    checked = [device for device in estimate.devices() if is_main or device in own]
+    level, message = verdict(estimate, {device: available_memory(device) for device in checked})
     if level == "error" and mode == "error":
         raise ConfigError(f"{message} Lower the keys that drive the largest parts, or set memory_check=warn to start "
                           "anyway (memory_check=off skips the estimate; docs/design.md, \"Memory check\")")
@@ -273,28 +286,7 @@ def check_memory(cfg: Any, trainer_device: Any, world: int = 1) -> Estimate | No
     return estimate
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """`python -m a3po.run.memory_check [hydra overrides]`: the estimate's breakdown for a config."""
-    import sys
-
-    from hydra import compose, initialize_config_dir
-
-    from a3po.device import resolve_device, resolve_precision
-
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[2] / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=list(sys.argv[1:] if argv is None else argv))
-    device = resolve_device(cfg.device)
-    cfg.precision = resolve_precision(cfg.get("precision", "auto"), device, cfg.model.get("dtype", "float32"))
-    arch, source = architecture_of(cfg.model)
-    if arch is None:
-        raise SystemExit(f"no estimate: {source}")
-    prompt, how = longest_prompt_tokens(cfg.task, cfg.model)
-    estimate = estimate_run(cfg, arch, device)
-    print(f"architecture: {source}; {arch.n_params:,} params; longest prompt {prompt} tokens ({how}); "
-          f"precision {cfg.precision}")
-    for name in estimate.devices():
-        print(f"\n[{name}]\n{estimate.table(name)}")
-
-
 if __name__ == "__main__":
+    from a3po.run.memory_plan import main
+
     main()

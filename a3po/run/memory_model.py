@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-__all__ = ["MIB", "GIB", "PHASES", "MMAP_THRESHOLD_MAX", "SMALL_ALLOCATION", "Architecture", "architecture_from", "SMOLLM2_135M", "Part",
+__all__ = ["MIB", "GIB", "PHASES", "MMAP_THRESHOLD_MAX", "SMALL_ALLOCATION", "Architecture", "architecture_from", "SMOLLM2_135M", "PUBLISHED_CONFIGS", "Part",
            "Estimate", "format_bytes"]
 
 MIB = 2**20
@@ -136,6 +136,19 @@ def architecture_from(config: Mapping[str, Any]) -> Architecture:
 # GGUF has not been converted yet (the conversion takes tens of seconds; the check must not).
 SMOLLM2_135M = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
                 "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "tie_word_embeddings": True}
+
+
+# The hub models the shipped experiments name, from their published config.json, for a machine
+# that cannot reach the hub (planning a GPU run from a laptop or CI): the estimate then still
+# refuses what cannot fit instead of skipping the check.
+PUBLISHED_CONFIGS = {
+    "Qwen/Qwen2.5-1.5B-Instruct": {"vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960,
+                                   "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+                                   "tie_word_embeddings": True, "model_type": "qwen2"},
+    "Qwen/Qwen2.5-7B-Instruct": {"vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
+                                 "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+                                 "tie_word_embeddings": False, "model_type": "qwen2"},
+}
 
 
 @dataclass(frozen=True)
