@@ -73,6 +73,11 @@ def _compute_lines(scalars: pd.DataFrame) -> list[str]:
              f"wall time at the last step, summed over runs, {fmt(total_wall / 3600, 3)} h",
              f"- contention (wall/CPU > 1.25, under 0.8 of a core): {len(flagged)} of {len(scalars)} runs"
              + (f" ({names})" if len(flagged) else "")]
+    if "shared_device" in scalars and scalars["shared_device"].any():
+        shared = sorted(scalars[scalars["shared_device"]]["run"])
+        lines.append(f"- rollout and training shared one CUDA device (runtime/shared_device): {len(shared)} runs "
+                     f"({', '.join(shared[:10])}{' ...' if len(shared) > 10 else ''}); their time/rollout, "
+                     "time/prox_logp and time/train overlap and do not compare with runs on separate devices")
     if scalars["cpu_missing"].any():
         lines.append(f"- CPU time missing (logs without time/step_cpu): {int(scalars['cpu_missing'].sum())} runs")
     return lines

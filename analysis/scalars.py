@@ -108,6 +108,9 @@ def _timing(df: pd.DataFrame, identity: pd.DataFrame) -> pd.DataFrame:
     out["wall_cpu_ratio"] = [t / c if np.isfinite(c) and c > 0 else math.nan
                              for t, c in zip(out["train_time_s"], out["cpu_time_s"])]
     out["contended"] = [contended(t, c) for t, c in zip(out["train_time_s"], out["cpu_time_s"])]
+    # runtime=async with rollout and training on one CUDA device: their phase times overlap
+    shared = _per_run(df, "runtime/shared_device", "max", "shared_device").reindex(out.index)
+    out["shared_device"] = shared.fillna(0).astype(bool)
     return out
 
 

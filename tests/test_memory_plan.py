@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from a3po.config import validate_config
 from a3po.run.memory_check import architecture_of
 from a3po.run.memory_model import GIB
 from a3po.run.memory_plan import plan
@@ -23,6 +24,7 @@ WORLD = {"gpu1": 1, "gpu2": 1, "gpu8": 7}
 
 def _plan(*overrides: str, world: int = 1):
     cfg = compose_config(["experiment=paper_gsm8k", *overrides])
+    validate_config(cfg)  # the start's first check, before the memory's
     arch, source = architecture_of(cfg.model)
     assert arch is not None, source
     return plan(cfg, arch, gpu_bytes=H100, world=world)
