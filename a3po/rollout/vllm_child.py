@@ -15,7 +15,9 @@ semantics:
 - `generate` and weight updates use separate pipes, so an update from the trainer thread
   reaches the child while the rollout thread waits for a generation (runtime=async).
 - `cancel` ends a generation in flight; `close`, or the parent's death (the pipes close),
-  shuts the child's engine down and ends the child.
+  shuts the child's engine down and ends the child. Nothing else does: SLURM's USR2 (and its
+  TERM, or a Ctrl-C) reaches every process of the job, and the trainer alone acts on it
+  (a3po.run.preemption), so the child ignores them, from its very start.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import multiprocessing
+import multiprocessing.resource_tracker
 import os
+import signal
 import threading
 from typing import Any, Sequence
 
@@ -40,6 +44,10 @@ _LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_
                  "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
 START_TIMEOUT_S = 900.0
 CLOSE_TIMEOUT_S = 60.0
+# What SLURM (`--signal`, `scancel --signal=USR2`, a job's end) sends every process of a job
+# step, and Ctrl-C a terminal's foreground processes: a3po.run.preemption's list (rollout may
+# not import the run package).
+STOP_SIGNALS = tuple(s for s in (getattr(signal, "SIGUSR2", None), signal.SIGTERM, signal.SIGINT) if s is not None)
 
 
 class _StateDict:
@@ -101,9 +109,39 @@ def child_environment(environ: dict[str, str], device: str) -> tuple[dict[str, s
     return env, "cuda:0"
 
 
+def ignore_stop_signals() -> None:
+    """The child's first act: ignore the stop signals, then unblock them (`start_child` blocked
+    them; one that arrived meanwhile is discarded). Had USR2 its default action, it would end
+    the child while the trainer finishes its step, and the trainer's weight update would then
+    meet a dead pipe: no last.pt, no requeue. The child ends when told to close or when its
+    pipes close (the trainer is gone); SIGKILL still ends it."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def start_child(process: multiprocessing.process.BaseProcess) -> None:
+    """`process.start()` with the stop signals blocked in this thread meanwhile. A spawned child
+    inherits the mask (measured on Linux: spawn's fork-exec keeps it), so a signal during its
+    start-up (a new interpreter, imports, the arguments unpickled: seconds before its target
+    runs) waits until `ignore_stop_signals` discards it, instead of ending the child. It matters
+    little: the child starts before the training loop handles signals, so one then ends or
+    requeues the trainer too; but it is cheap (multiprocessing's resource tracker starts the
+    same way). A signal for this process meanwhile goes to another thread, or waits until
+    `start()` returns."""
+    # The tracker first, where it is not running: starting it within `start()` unblocks INT and TERM.
+    multiprocessing.resource_tracker.ensure_running()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        process.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _serve(gen_conn, ctrl_conn, rollout_cfg, policy, tokenizer, device, precision: str, threads: int) -> None:
     """The child: start the in-process engine, then answer weight updates on `ctrl_conn`
     while a thread answers generations on `gen_conn`, until told to close or the parent goes."""
+    ignore_stop_signals()  # before anything else (start_child holds signals back until here)
     env, device = child_environment(dict(os.environ), device)  # before anything initialises CUDA
     os.environ.clear()
     os.environ.update(env)
@@ -171,7 +209,7 @@ class ChildVLLMEngine:
             target=_serve, name="a3po-vllm",
             args=(child_gen, child_ctrl, rollout_cfg, policy, tokenizer, str(device), precision,
                   torch.get_num_threads()))
-        self._process.start()
+        start_child(self._process)
         child_gen.close()
         child_ctrl.close()
         try:
@@ -232,8 +270,8 @@ class ChildVLLMEngine:
         process, self._process = self._process, None
         process.join(CLOSE_TIMEOUT_S)
         if process.is_alive():
-            log.warning("the vLLM child process %d did not end in %.0f s; terminating it", process.pid, CLOSE_TIMEOUT_S)
-            process.terminate()
+            log.warning("the vLLM child process %d did not end in %.0f s; killing it", process.pid, CLOSE_TIMEOUT_S)
+            process.kill()  # SIGKILL: it ignores SIGTERM
             process.join(10)
         self._gen.close()
         self._ctrl.close()
