@@ -62,7 +62,9 @@ DERIVED_KEYS = ("identity",)  # built from the other keys (a3po.identity): compa
 # the value that run actually used: every run before `precision` computed in float32 on a CPU.
 # model.attn_implementation: every run before the key existed computed attention with eager.
 # train.fsdp_mixed_precision: every run before the key gathered float32 weights under autocast.
-LEGACY_VALUES = {"precision": "fp32", "model.attn_implementation": "eager", "train.fsdp_mixed_precision": False}
+# train.eval_samples: every run before the key sampled each held-out problem once.
+LEGACY_VALUES = {"precision": "fp32", "model.attn_implementation": "eager", "train.fsdp_mixed_precision": False,
+                 "train.eval_samples": 1}
 # Keys an older config.yaml holds that have moved, with their new home. The old key's value
 # was interpolated into the new home (conf/objective/ppo.yaml, conf/correction/none.yaml), or
 # unused beside another objective or correction, so the new home alone is compared.

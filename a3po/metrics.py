@@ -97,7 +97,10 @@ METRICS: tuple[Metric, ...] = (
              "alpha_fit/cross/k<k>", "alpha_fit/delta_sq/k<k>"),
     *_family("rollout", "step", "the batch's rewards and responses", "reward/mean", "reward/malformed",
              "response/length_mean", "response/truncated"),
-    Metric("eval/reward", "loop", "step", "held-out mean reward after every train.eval_every-th step and the last"),
+    Metric("eval/reward", "loop", "step", "held-out mean reward after every train.eval_every-th step and the last "
+           "(train.eval_size problems x train.eval_samples samples)"),
+    Metric("eval/reward_se", "loop", "step", "its standard error, the problems as units (sd of the per-problem means "
+           "/ sqrt(problems))"),
     *_family("runtime", "step", "token-weighted staleness of the batch's response tokens",
              "staleness/mean", "staleness/max", "staleness/min"),
     Metric("rollout/batches_generated", "runtime", "step", "lagged: batches generated this step (D + 1 at step 0)"),

@@ -70,6 +70,7 @@ class TrainConfig:
     adv_batch_norm: bool = rule(False, FLAG)
     eval_every: int = _int_at_least(0, 5, " (0 disables)")
     eval_size: int = _int_at_least(1, 32)
+    eval_samples: int = _int_at_least(1, 1)
     checkpoint_every: int = _int_at_least(0, 5, " (0 disables)")
     max_steps_this_run: int | None = rule(None, "it must be an integer >= 1, or null", lambda v: v >= 1)
     keep_checkpoint: bool = rule(False, FLAG)

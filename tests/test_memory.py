@@ -130,6 +130,9 @@ def test_the_eval_rollout_counts_where_it_is_larger(tiny_cfg):
     parts = parts_of(estimate(tiny_cfg, "train.eval_size=64"))
     assert "eval rollout KV cache" in parts and "rollout KV cache" not in parts
     assert "eval rollout KV cache" not in parts_of(estimate(tiny_cfg, "train.eval_size=64", "train.eval_every=0"))
+    # several samples a problem: eval_size x eval_samples rows
+    eight = parts_of(estimate(tiny_cfg, "train.eval_size=16", "train.eval_samples=4"))
+    assert eight["eval rollout KV cache"] == parts["eval rollout KV cache"]  # 16 x 4 rows = 64 x 1
 
 
 def test_every_part_names_its_keys(tiny_cfg):

@@ -3,6 +3,8 @@ make the batch for a step, with the engine's current weights."""
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 from omegaconf import DictConfig
@@ -65,9 +67,24 @@ class RolloutProducer:
         }
         return RolloutBatch(step=step, samples=samples, n_prompts=train.n_prompts, n_samples=train.n_samples), metrics
 
-    def evaluate(self, after_step: int) -> float:
+    def evaluate(self, after_step: int) -> dict[str, float]:
+        """The current policy on the task's first `train.eval_size` held-out problems,
+        `train.eval_samples` samples each: `eval/reward`, the mean, and `eval/reward_se`, its
+        standard error with the problems as the units (the standard deviation of the
+        per-problem means over the square root of their count: a problem's samples are not
+        independent draws of the task)."""
         problems = self.task.eval_problems(self.cfg.train.eval_size)
-        groups = self.engine.generate([self.encode(p.question) for p in problems], 1,
+        samples = int(self.cfg.train.get("eval_samples", 1))
+        groups = self.engine.generate([self.encode(p.question) for p in problems], samples,
                                       seed=stream_seed(self.cfg.seed, Stream.EVAL, after_step))
         self.score(problems, groups)
-        return sum(group[0].reward for group in groups) / len(problems)
+        return eval_metrics([[s.reward for s in group] for group in groups])
+
+
+def eval_metrics(rewards: list[list[float]]) -> dict[str, float]:
+    """`eval/reward` and `eval/reward_se` from each problem's samples' rewards."""
+    means = [sum(group) / len(group) for group in rewards]
+    n = len(means)
+    mean = sum(means) / n
+    variance = sum((m - mean) ** 2 for m in means) / (n - 1) if n > 1 else math.nan
+    return {"eval/reward": mean, "eval/reward_se": math.sqrt(variance / n)}

@@ -48,7 +48,7 @@ def train_step(parts: RunParts, step: int) -> dict[str, Any]:
     total_steps, every = cfg.train.total_steps, cfg.train.eval_every
     if dist.is_main and every and ((step + 1) % every == 0 or step + 1 == total_steps):
         with timer.phase("eval"):
-            metrics["eval/reward"] = parts.producer.evaluate(step)
+            metrics.update(parts.producer.evaluate(step))
     metrics.update(timer.pop())
     return metrics
 

@@ -211,10 +211,11 @@ def _hf_rollout(cfg: Any, arch: Architecture, prompt_tokens: int, compute: int, 
                            new_tokens=rollout.max_new_tokens, compute=compute, device=device, samples=train.n_samples,
                            keys=("train.n_prompts", "train.n_samples", "rollout.batch_size", "rollout.max_new_tokens"))
     if train.eval_every:
-        evaluation = rollout_parts(arch, rows=_rows(train.eval_size, batch_size), prompt=prompt_tokens,
+        eval_samples = int(train.get("eval_samples", 1))
+        evaluation = rollout_parts(arch, rows=_rows(train.eval_size * eval_samples, batch_size), prompt=prompt_tokens,
                                    new_tokens=rollout.max_new_tokens, compute=compute, device=device,
-                                   keys=("train.eval_size", "rollout.batch_size", "rollout.max_new_tokens"),
-                                   label="eval rollout")
+                                   keys=("train.eval_size", "train.eval_samples", "rollout.batch_size",
+                                         "rollout.max_new_tokens"), label="eval rollout", samples=eval_samples)
         if sum(p.nbytes for p in evaluation) > sum(p.nbytes for p in chosen):
             chosen = evaluation
     if compute == 2 and device == "cpu":

@@ -10,6 +10,7 @@ from a3po.tasks.arith import LEVELS, ArithTask
 from a3po.tasks.base import ANSWER_INSTRUCTION, Problem, RewardResult, Task, encode_prompt, render_prompt
 from a3po.tasks.gsm8k import DEFAULT_HUB_CONFIG, DEFAULT_HUB_ID, GSM8KTask, local_path_missing
 from a3po.tasks.splits import DEFAULT_HELD_OUT_FRACTION
+from a3po.tasks.words import OPERATIONS, WordsTask, check_operations
 
 __all__ = [
     "ANSWER_INSTRUCTION",
@@ -44,7 +45,12 @@ def _build_gsm8k(task_cfg: Any, seed: int) -> GSM8KTask:
     )
 
 
-TASKS: dict[str, Callable[[Any, int], Task]] = {"arith": _build_arith, "gsm8k": _build_gsm8k}
+def _build_words(task_cfg: Any, seed: int) -> WordsTask:
+    return WordsTask(operations=tuple(cfg_get(task_cfg, "operations", OPERATIONS)), seed=seed,
+                     held_out_fraction=_held_out_fraction(task_cfg))
+
+
+TASKS: dict[str, Callable[[Any, int], Task]] = {"arith": _build_arith, "gsm8k": _build_gsm8k, "words": _build_words}
 
 
 def validate_task_cfg(task_cfg: Any) -> None:
@@ -61,6 +67,8 @@ def validate_task_cfg(task_cfg: Any) -> None:
         level = cfg_get(task_cfg, "level", 1)
         if level not in LEVELS:
             raise ConfigError(f"task.level={level!r} is not a level; allowed: {sorted(LEVELS)}")
+    if name == "words":
+        check_operations(cfg_get(task_cfg, "operations", OPERATIONS))
     if name == "gsm8k":
         path = cfg_get(task_cfg, "path")
         if path is not None and (not isinstance(path, str) or not path):

@@ -35,18 +35,20 @@ def measure_mean_reward(
     batch_size: int | None = None,
     seed: int = 0,
     instruction: str = ANSWER_INSTRUCTION,
+    precision: str = "fp32",
 ) -> dict:
     """Mean reward of `n_samples` samples for each of the task's first `n_prompts` training
     prompts. `batch_size`: sequences per `generate` call, None = all at once (the trainer's
     default, `rollout.batch_size` unset)."""
     problems = task.train_batch(0, n_prompts)
     engine = HFEngine(model, tokenizer, temperature=temperature, top_p=top_p,
-                      max_new_tokens=max_new_tokens, batch_size=batch_size)
+                      max_new_tokens=max_new_tokens, batch_size=batch_size, precision=precision)
     groups = engine.generate([encode_prompt(tokenizer, p.question, instruction) for p in problems],
                              n_samples, seed=seed)
-    scores, malformed, examples = [], 0, []
+    scores, malformed, truncated, examples = [], 0, 0, []
     for problem, group in zip(problems, groups):
         for sample in group:
+            truncated += not sample.finished
             completion = tokenizer.decode(sample.response_ids, skip_special_tokens=True)
             result = task.reward(completion, problem.answer)
             scores.append(result.score)
@@ -58,6 +60,7 @@ def measure_mean_reward(
         "mean_reward": mean,
         "standard_error": math.sqrt(mean * (1 - mean) / len(scores)),
         "malformed_rate": malformed / len(scores),
+        "truncated_rate": truncated / len(scores),
         "n": len(scores),
         "examples": examples,
     }
@@ -69,6 +72,8 @@ def main() -> None:
     )
     parser.add_argument("--task", default="arith")
     parser.add_argument("--level", type=int, default=1)
+    parser.add_argument("--operations", default=None, help="words: comma-separated, e.g. add,sub")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="the engine's, as a run's")
     parser.add_argument("--path", default=None, help="local GSM8K file or directory")
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--samples", type=int, default=4)
@@ -84,7 +89,10 @@ def main() -> None:
         {"name": "smollm2_135m", "source": "smollm2_gguf", "dtype": "float32"}
     )
     model.eval()
-    task = build_task({"name": args.task, "level": args.level, "path": args.path}, seed=args.seed)
+    task_cfg = {"name": args.task, "level": args.level, "path": args.path}
+    if args.operations:
+        task_cfg["operations"] = args.operations.split(",")
+    task = build_task(task_cfg, seed=args.seed)
     started = time.perf_counter()
     result = measure_mean_reward(
         model,
@@ -97,13 +105,15 @@ def main() -> None:
         max_new_tokens=args.max_new_tokens,
         seed=args.seed,
         instruction=args.instruction,
+        precision=args.precision,
     )
     for question, answer, completion, score in result["examples"]:
         print(f"{question!r} (gold {answer}) -> {completion!r} score={score}")
     print(
         f"task={args.task} level={args.level} n={result['n']} "
         f"mean_reward={result['mean_reward']:.3f} +- {result['standard_error']:.3f} "
-        f"malformed={result['malformed_rate']:.3f} ({time.perf_counter() - started:.0f}s)"
+        f"malformed={result['malformed_rate']:.3f} truncated={result['truncated_rate']:.3f} "
+        f"({time.perf_counter() - started:.0f}s)"
     )
 
 
