@@ -147,3 +147,14 @@ def test_the_rollout_side_holds_its_own_policy_where_it_cannot_share_the_trainer
 
     cfg = OmegaConf.create({"rollout": {"name": engine}})
     assert needs_own_policy(cfg, torch.device(rollout_device), torch.device(trainer_device), world) is own
+
+
+def test_a_run_whose_rollout_device_the_installed_vllm_cannot_serve_stops_before_its_run_directory(tiny_cfg,
+                                                                                                    monkeypatch):
+    from a3po.run.main import run, run_dir_of
+
+    monkeypatch.setattr(rollout, "_vllm_platform", lambda: "cuda")  # a GPU build of vLLM, a CPU run
+    cfg = tiny_cfg("rollout=vllm", "device=cpu")
+    with pytest.raises(ConfigError, match=r"rollout.device='cpu' needs vLLM built for cpu"):
+        run(cfg)
+    assert not run_dir_of(cfg).exists()

@@ -60,8 +60,10 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     # Every rank checks its own device (a refused rank ends a torchrun job).
     world = launched_world()
     rank_here = rank_device(device, DistInfo(world=world, local_rank=int(os.environ.get("LOCAL_RANK", "0"))))
-    check_memory(cfg, rank_here, world, is_main=int(os.environ.get("RANK", "0")) == 0)
-    check_engine_device(cfg.rollout, rollout_device(cfg, rank_here))
+    is_main = int(os.environ.get("RANK", "0")) == 0
+    check_memory(cfg, rank_here, world, is_main=is_main)
+    if is_main:  # rank 0 alone holds the rollout engine
+        check_engine_device(cfg.rollout, rollout_device(cfg, rank_here))
     run_dir = Path(run_dir) if run_dir is not None else run_dir_of(cfg)
     dist = init_distributed(device)
     try:
