@@ -100,3 +100,18 @@ def difference_ci(treated: Mapping[int, float], baseline: Mapping[int, float],
         return mean_ci([treated[s] - baseline[s] for s in seeds], confidence), f"paired over {len(seeds)} seeds"
     interval = welch_ci(list(treated.values()), list(baseline.values()), confidence)
     return interval, f"unpaired ({len(treated)} vs {len(baseline)} seeds)"
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of a family's p-values (family-wise error control, any
+    dependence): the k-th smallest becomes max over j <= k of (m - j + 1) p_(j), capped at 1; a
+    test is significant at level alpha when its adjusted p-value is below alpha. Returned in
+    the input's order. NaN (a test that could not be computed) stays NaN and is not counted."""
+    indexed = [(p, i) for i, p in enumerate(p_values) if not math.isnan(p)]
+    m = len(indexed)
+    adjusted = [math.nan] * len(p_values)
+    running = 0.0
+    for rank, (p, i) in enumerate(sorted(indexed)):
+        running = max(running, min(1.0, (m - rank) * p))
+        adjusted[i] = running
+    return adjusted

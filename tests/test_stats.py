@@ -88,3 +88,14 @@ def test_bootstrap_resamples_within_strata_only():
     assert pooled.mean == pytest.approx(iqm([0, 1, 2, 3, 10, 10])) and pooled.n == 2
     single = stratified_bootstrap([[1.0], [2.0, 3.0]], pooled_iqm)
     assert not single.known and single.n == 1  # a stratum of one seed: no interval
+
+
+def test_holm_adjusts_step_down_in_the_input_order():
+    from analysis.stats import holm
+
+    # Holm (1979)-style worked example: m = 4, sorted 0.01, 0.02, 0.03, 0.04
+    assert holm([0.03, 0.01, 0.04, 0.02]) == pytest.approx([0.06, 0.04, 0.06, 0.06])
+    # monotone: a larger raw p never gets a smaller adjusted one; capped at 1
+    assert holm([0.5, 0.001, 0.4]) == pytest.approx([0.8, 0.003, 0.8])
+    out = holm([0.02, float("nan"), 0.04])  # NaN is not a test: m = 2
+    assert out[0] == pytest.approx(0.04) and math.isnan(out[1]) and out[2] == pytest.approx(0.04)
