@@ -127,5 +127,5 @@ def build_engine(rollout_cfg, policy, tokenizer, device, *, concurrent: bool = F
     return engine
 
 
-__all__ = ["ENGINES", "GenerationCancelled", "RolloutEngine", "build_engine", "check_engine_device", "check_vllm_platform", "sequences_in_flight",
-           "vllm_placement"]
+__all__ = ["ENGINES", "GenerationCancelled", "RolloutEngine", "build_engine", "check_engine_device",
+           "check_vllm_platform", "sequences_in_flight", "vllm_placement"]
