@@ -71,13 +71,19 @@ GSM8K_QUESTION_TOKENS_BOUND = 400
 
 def _longest_question(task_cfg: Any) -> str | None:
     """The task's longest question by characters, where it is cheap to know: every arith
-    problem of the level (at most 15,552), a local GSM8K file; None for GSM8K from the hub."""
+    problem of the level (at most 15,552), every word problem (37,440), a local GSM8K file;
+    None for GSM8K from the hub."""
     from a3po.tasks import build_task
     from a3po.tasks.arith import level_problems
 
     name = cfg_get(task_cfg, "name")
     if name == "arith":
         return max((p.question for p in level_problems(cfg_get(task_cfg, "level", 1))), key=len)
+    if name == "words":
+        from a3po.tasks.words import OPERATIONS, check_operations, word_problems
+
+        operations = check_operations(cfg_get(task_cfg, "operations", OPERATIONS))
+        return max((p.question for p in word_problems(operations)), key=len)
     if name == "gsm8k" and cfg_get(task_cfg, "path"):
         task = build_task(task_cfg, seed=0)
         problems = [*task.train, *task.held_out]
