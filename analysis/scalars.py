@@ -61,10 +61,15 @@ IDENTITY = ["label", "variant", "algo", "schedule", "correction", "objective", "
 
 
 def final_window(n_steps: int) -> int:
-    """Steps averaged for the final reward: the last 10% (at least one), because the
-    per-step reward of a small batch is too noisy for its last value alone to rank
-    algorithms."""
+    """Steps averaged for `final_reward` (the rollout reward): the last n_steps // 10, at least
+    one. Below 20 steps that is the last step alone, whose batch a policy d versions old sampled
+    (S1-S5 ran 16 steps: their "final reward" is one mid-training batch of 32 samples). Kept as
+    it was so the committed S1-S5 reports regenerate unchanged; the final policy's reward is
+    `final_eval_reward` and, from S6 on, `last_evals_reward`."""
     return max(1, n_steps // 10)
+
+
+LAST_EVALS = 2  # evals averaged for `last_evals_reward` (S6's primary reward)
 
 
 def contended(wall_s: float, cpu_s: float, ratio: float = CONTENTION_RATIO) -> bool:
@@ -130,7 +135,8 @@ def _rewards(df: pd.DataFrame) -> list[pd.Series]:
     reward = df[df["metric"] == "reward/mean"].sort_values("step")
     evals = df[df["metric"] == "eval/reward"].sort_values("step")
     return [reward.groupby(RUN_KEY)["value"].agg(tail_mean).rename("final_reward"),
-            evals.groupby(RUN_KEY)["value"].last().rename("final_eval_reward")]
+            evals.groupby(RUN_KEY)["value"].last().rename("final_eval_reward"),
+            evals.groupby(RUN_KEY)["value"].agg(lambda v: float(v.iloc[-LAST_EVALS:].mean())).rename("last_evals_reward")]
 
 
 def run_scalars(df: pd.DataFrame) -> pd.DataFrame:

@@ -894,3 +894,21 @@ def test_a_broken_log_archive_is_named_and_skipped(tmp_path):
             load_runs(broken)
     from analysis.logs import main as logs_main
     assert logs_main(["pack", str(tmp_path / "empty"), str(tmp_path / "x.tar.xz")]) == 2
+
+
+def test_final_reward_windows_say_what_they_read(tmp_path):
+    """final_reward: the last n // 10 steps (the last step alone below 20 steps); final_eval_reward:
+    the last eval; last_evals_reward (S6's reward): the mean of the last two evals."""
+    root = tmp_path / "windows"
+    config = {"experiment_name": "windows", "algo": {"name": "recompute"}, "staleness": 2, "seed": 0,
+              "train": {"total_steps": 30}}
+    evals = {9: 0.2, 19: 0.5, 29: 0.7}
+    records = flat_records(30, reward__mean=lambda t: t / 100)
+    for record in records:
+        if record["step"] in evals:
+            record["eval/reward"] = evals[record["step"]]
+    dump_run(root, "recompute-d2-s0", config, records)
+    row = run_scalars(load_runs(root)).set_index("run").loc["recompute-d2-s0"]
+    assert row["final_reward"] == pytest.approx((0.27 + 0.28 + 0.29) / 3)  # 30 // 10 = 3 steps
+    assert row["final_eval_reward"] == pytest.approx(0.7)
+    assert row["last_evals_reward"] == pytest.approx(0.6)
