@@ -78,6 +78,10 @@ METRICS: tuple[Metric, ...] = (
              "correction/masked_low", "correction/masked_high", "correction/truncated"),
     *_family("trainer", "token_mean", "off-policy diagnostics of w, per micro-batch (a3po.maths.diagnostics)",
              "offpolicy/ess_token", "offpolicy/ess_seq", "offpolicy/chi2_token", "offpolicy/kl_k1", "offpolicy/kl_k3"),
+    Metric("offpolicy/ess_total", "trainer", "token_mean",
+           "ESS of r = pi_theta / pi_behave per micro-batch: anchor-free (a3po.maths.diagnostics)"),
+    Metric("offpolicy/total_ratio_max", "trainer", "max", "r = pi_theta / pi_behave on valid tokens: anchor-free"),
+    Metric("offpolicy/total_ratio_min", "trainer", "min", "r = pi_theta / pi_behave on valid tokens: anchor-free"),
     Metric("prox_error/<label>/<error>/<stratum>", "trainer", "token_mean",
            "train.log_prox_errors: logp_abs, clip_flip and clip_rate of each loglinear anchor (and clip_rate of the "
            "recomputed one, label recompute) over the tokens of minibatch k (k<k>) "

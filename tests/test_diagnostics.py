@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from a3po.maths.diagnostics import ess, offpolicy_metrics
 
 LN = math.log
-KEYS = {"offpolicy/ess_token", "offpolicy/ess_seq", "offpolicy/chi2_token", "offpolicy/kl_k1", "offpolicy/kl_k3"}
+KEYS = {"offpolicy/ess_token", "offpolicy/ess_seq", "offpolicy/chi2_token", "offpolicy/kl_k1", "offpolicy/kl_k3",
+        "offpolicy/total_ratio_max", "offpolicy/total_ratio_min", "offpolicy/ess_total"}
 
 
 def t(values):
@@ -76,6 +77,24 @@ def test_offpolicy_metrics_hand_checked():
     assert metrics["offpolicy/kl_k1"].item() == approx(-(0.1 - 0.2 + 0.3) / 3)
     k3 = sum(math.exp(x) - 1 - x for x in (0.1, -0.2, 0.3)) / 3
     assert metrics["offpolicy/kl_k3"].item() == approx(k3)
+    # the anchor-free ratio r = pi_theta / pi_behave = e^0.1, e^-0.2, e^0.3, whatever prox is
+    r = [math.exp(x) for x in (0.1, -0.2, 0.3)]
+    assert metrics["offpolicy/total_ratio_max"].item() == approx(math.exp(0.3))
+    assert metrics["offpolicy/total_ratio_min"].item() == approx(math.exp(-0.2))
+    assert metrics["offpolicy/ess_total"].item() == approx(sum(r) ** 2 / (3 * sum(x * x for x in r)))
+    other_anchor = offpolicy_metrics(behave, behave, logp, seq, valid)
+    for key in ("offpolicy/total_ratio_max", "offpolicy/total_ratio_min", "offpolicy/ess_total"):
+        assert other_anchor[key].item() == metrics[key].item()
+
+
+def test_total_ratio_reads_valid_tokens_only():
+    behave, logp = torch.zeros(4), t([3.0, 0.5, -0.25, -4.0])
+    valid = torch.tensor([False, True, True, False])
+    metrics = offpolicy_metrics(behave, behave, logp, torch.tensor([0, 0, 1, 1]), valid)
+    assert metrics["offpolicy/total_ratio_max"].item() == approx(math.exp(0.5))
+    assert metrics["offpolicy/total_ratio_min"].item() == approx(math.exp(-0.25))
+    none = offpolicy_metrics(behave, behave, logp, torch.tensor([0, 0, 1, 1]), torch.zeros(4, dtype=torch.bool))
+    assert none["offpolicy/total_ratio_max"].item() == 1.0 and none["offpolicy/total_ratio_min"].item() == 1.0
 
 
 def test_sequence_ess_uses_the_geometric_mean():

@@ -63,6 +63,16 @@ def _ess_of_log(log_w: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return _ess_of_normalised(torch.exp(torch.where(valid, log_w - top, -math.inf)), valid)
 
 
+def _extreme_ratio(log_ratio: torch.Tensor, valid: torch.Tensor, largest: bool) -> torch.Tensor:
+    """exp of the largest (or smallest) valid log-ratio, without a host sync; 1 when none is valid."""
+    if not log_ratio.numel():
+        return log_ratio.new_ones(())
+    fill = -math.inf if largest else math.inf
+    masked = torch.where(valid, log_ratio, fill)
+    extreme = masked.amax() if largest else masked.amin()
+    return torch.where(valid.any(), torch.exp(extreme), torch.ones_like(extreme))
+
+
 def _masked_mean(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return torch.where(valid, values, 0.0).sum() / valid.sum().clamp(min=1)
 
@@ -82,6 +92,10 @@ def offpolicy_metrics(behave_logp: torch.Tensor, prox_logp: torch.Tensor, logp: 
       = mean(-log r) (unbiased, noisy, can be < 0), k3 = mean((r - 1) - log r) (unbiased,
       >= 0 per token; J. Schulman, "Approximating KL Divergence", 2020; verl `kl` and
       `k3_kl`). k3 uses expm1 so a tiny KL is not lost to cancellation; log r clamped to +-20.
+    - offpolicy/total_ratio_max, offpolicy/total_ratio_min, offpolicy/ess_total: the largest and
+      smallest r_t = pi_theta/pi_behave (log r clamped to +-20) and its ESS. These do not depend
+      on the proximal anchor, so they compare methods whose anchors differ (the importance
+      weight pi_theta/pi_prox does not: recompute's is exactly 1 on a step's first minibatch).
 
     logp is detached: this is a metric, not a loss.
     """
@@ -99,6 +113,9 @@ def offpolicy_metrics(behave_logp: torch.Tensor, prox_logp: torch.Tensor, logp: 
         "offpolicy/chi2_token": _masked_mean(torch.exp(2.0 * bounded_w), valid) - 1.0,
         "offpolicy/kl_k1": _masked_mean(-log_r, valid),
         "offpolicy/kl_k3": _masked_mean(torch.expm1(bounded_r) - bounded_r, valid),
+        "offpolicy/total_ratio_max": _extreme_ratio(bounded_r, valid, largest=True),
+        "offpolicy/total_ratio_min": _extreme_ratio(bounded_r, valid, largest=False),
+        "offpolicy/ess_total": _ess_of_log(log_r, valid),
     }
 
 
