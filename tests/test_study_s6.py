@@ -1,0 +1,141 @@
+"""S6's rules (docs/study_s6.md) on crafted sweeps: analysis.family's verdicts and Holm, the
+tier's family, the plateau check, tier B's collapses, and the report's command."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from analysis.family import FamilyTest, judge, judge_family, paired_values, run_test
+from analysis.study_s6 import collapsed, main, plateau, s6_scalars, stress_family, tier_family
+from test_report import dump_run
+
+SEEDS = (0, 1, 2, 3)
+STEPS = 12  # staleness 8: steps 8-11 are steady
+NOISE = (0.0, 0.004, -0.003, 0.002)  # per seed, so intervals have a width
+
+
+def _config(arm: str, seed: int, lr: float = 1e-5, minibatches: int = 4) -> dict:
+    algo = "recompute" if arm == "recompute" else "loglinear"
+    return {"experiment_name": "s6", "algo": {"name": algo, "uses_schedule": algo == "loglinear"},
+            "schedule": {"name": "inverse" if arm == "recompute" else arm}, "staleness": 8, "seed": seed,
+            "train": {"total_steps": STEPS, "lr": lr, "n_minibatches": minibatches}}
+
+
+def _records(arm: str, seed: int, evals=(0.5, 0.7)) -> list[dict]:
+    noise = NOISE[seed]
+    inverse, step_start = arm == "inverse", arm == "step_start"
+    per_step = {
+        "reward/mean": 0.5, "time/step": 10.0, "time/step_cpu": 10.0 - (2.0 if arm != "recompute" else 0.0) + noise,
+        "time/prox_logp": 1.0 if arm == "recompute" else 0.001 * (1 + noise),
+        "actor/entropy": 0.5 + (0.2 if inverse else 0.0) + noise,
+        "actor/importance_weight/max": (1.5 if inverse else 3.0) + noise,
+        "actor/importance_weight/min": (0.8 if inverse else 0.5) + noise,
+        "actor/clip_ratio": (0.06 if inverse else 0.04) + noise / 10,
+        "offpolicy/total_ratio_max": 4.0 + noise, "offpolicy/total_ratio_min": 0.3 + noise,
+        "offpolicy/ess_total": 0.9 + noise, "offpolicy/kl_k3": 0.01 + noise / 100,
+        # raw p about 0.01 for step_start, not significant once the family is adjusted
+        "actor/grad_norm": 1.0 + ((0.08, 0.12, 0.05, 0.10)[seed] if step_start else 0.0),
+        "prox_error/recompute/clip_rate": 0.04 + (0.005 if inverse else 0.0) + noise / 10,
+        "prox_error/inverse/clip_rate": 0.06 + noise / 10, "prox_error/step_start/clip_rate": 0.04 + noise / 10,
+        "staleness/mean": 8.0, "staleness/max": 8,
+    }
+    records = [{"step": t, "wall_time": float(t + 1), **per_step} for t in range(STEPS)]
+    records[5]["eval/reward"], records[STEPS - 1]["eval/reward"] = evals[0], evals[1] + noise
+    return records
+
+
+def _sweep(root, arms=("recompute", "inverse", "step_start"), lr=1e-5, minibatches=4, evals_of=None):
+    for arm in arms:
+        for seed in SEEDS:
+            name = f"{arm}-d8-s{seed}-lr{lr:g}-m{minibatches}"
+            evals = evals_of(arm) if evals_of else (0.5, 0.7)
+            dump_run(root, name, _config(arm, seed, lr, minibatches), _records(arm, seed, evals))
+    return root
+
+
+def _row(family, comparison, label):
+    rows = family[(family["comparison"] == comparison) & (family["label"] == label)]
+    assert len(rows) == 1
+    return rows.iloc[0]
+
+
+def test_the_tier_family_judges_each_test_raw_and_after_holm(tmp_path):
+    scalars = s6_scalars([_sweep(tmp_path / "s6")])
+    assert set(scalars["arm"]) == {"recompute", "inverse", "step_start"}
+    assert scalars.loc[scalars["arm"] == "inverse", "anchor_effect"].mean() == pytest.approx(0.015, abs=1e-3)
+    family = tier_family(scalars, 8)
+    assert len(family) == 30 and (family["p_holm"].dropna() >= family["p"].dropna()).all()
+    inverse = "inverse vs recompute"
+    assert _row(family, inverse, "R")["verdict"] == "equivalent within ±0.12"
+    assert _row(family, inverse, "a")["verdict"] == "holds"            # prox time 1000x lower
+    assert _row(family, inverse, "d")["verdict"] == "holds"            # entropy +0.2
+    assert _row(family, inverse, "e")["verdict"] == "holds"            # IW max lower
+    assert _row(family, inverse, "g")["verdict"] == "does not hold"    # clips more
+    assert _row(family, inverse, "C1")["verdict"] == "higher"          # its anchor clips more on the same batches
+    assert _row(family, inverse, "C2")["verdict"] == "higher"          # and its trajectory does too
+    assert _row(family, inverse, "T1")["verdict"] == "no difference shown"
+    grad = _row(family, "step_start vs recompute", "T5")
+    assert grad["p"] < 0.05 and grad["verdict_raw"] == "higher" and grad["verdict"] == "no difference shown"
+    assert _row(family, "step_start vs recompute", "e")["verdict"] == "inconclusive"
+    assert math.exp(_row(family, inverse, "a")["effect"]) == pytest.approx(1000, rel=0.01)
+
+
+def test_judge_rules():
+    direction = FamilyTest("e", "IW max", "iw_max", "direction", -1)
+    row = {"n": 5, "effect": -1.0, "low": -1.5, "high": -0.5}
+    assert judge(direction, row, 0.01) == "holds" and judge(direction, row, 0.2) == "inconclusive"
+    assert judge(direction, {**row, "effect": 1.0}, 0.01) == "does not hold"
+    band = FamilyTest("R", "reward", "r", "equivalence", margin=0.1)
+    assert judge(band, {"n": 5, "effect": 0.3, "low": 0.2, "high": 0.4}, 0.9) == "differs by more than 0.1"
+    assert judge(band, {"n": 5, "effect": 0.05, "low": -0.2, "high": 0.3}, 0.4) == "inconclusive"
+    assert judge(band, {"n": 1, "effect": 0.0, "low": math.nan, "high": math.nan}, math.nan).startswith("inconclusive")
+    with pytest.raises(ValueError, match="sign"):
+        FamilyTest("x", "x", "x", "direction")
+    with pytest.raises(ValueError, match="kind"):
+        FamilyTest("x", "x", "x", "bigger")
+    with pytest.raises(ValueError, match="margin"):
+        FamilyTest("x", "x", "x", "equivalence")
+
+
+def test_effects_pair_by_seed_and_holm_leaves_untestable_tests_out():
+    test = FamilyTest("a", "time", "t", "direction", +1, "log_ratio")
+    assert paired_values(test, {0: 1.0, 1: 2.0, 5: 9.0}, {0: 2.0, 1: 2.0}) == [math.log(2.0), 0.0]
+    assert math.isnan(run_test(test, [0.3])["p"])
+    two = FamilyTest("T", "x", "x", "two_sided")
+    family = judge_family([("c", two, [0.1, 0.11, 0.09, 0.1]), ("c", two, [0.2]), ("c", two, [0.1, 0.12, 0.08, 0.1])])
+    assert math.isnan(family.loc[1, "p_holm"]) and family.loc[1, "verdict"].startswith("inconclusive")
+    low, high = sorted([family.loc[0, "p"], family.loc[2, "p"]])  # two tests counted, not three
+    assert sorted([family.loc[0, "p_holm"], family.loc[2, "p_holm"]]) == pytest.approx([2 * low, max(2 * low, high)])
+
+
+def test_plateau_and_collapse_rules(tmp_path):
+    scalars = s6_scalars([_sweep(tmp_path / "flat")])
+    assert plateau(scalars, 8)["holds"] is False  # recompute gains 0.2 between its two evals
+    flat = s6_scalars([_sweep(tmp_path / "flatter", evals_of=lambda arm: (0.70, 0.70))])
+    check = plateau(flat, 8)
+    assert check["holds"] and check["n"] == 4 and check["gain"] == pytest.approx(0.00075)
+    assert collapsed({"flagged": False, "evals": [0.5, 0.6, 0.25]}) is True
+    assert collapsed({"flagged": False, "evals": [0.5, 0.6, 0.31]}) is False
+    assert collapsed({"flagged": True, "evals": [0.5, 0.6]}) is True
+
+
+def test_stress_collapses_by_fisher_with_holm(tmp_path):
+    root = _sweep(tmp_path / "stress", lr=3e-5, evals_of=lambda arm: (0.5, 0.05) if arm == "recompute" else (0.5, 0.6))
+    stress = stress_family(s6_scalars([root]))
+    assert list(stress["arm"]) == ["inverse", "step_start"]
+    assert list(stress["recompute_collapsed"]) == ["4/4", "4/4"] and list(stress["arm_collapsed"]) == ["0/4", "0/4"]
+    assert stress["p"].tolist() == pytest.approx([1 / 35, 1 / 35])  # Fisher's exact, 4-0 against 0-4
+    assert list(stress["verdict"]) == ["no difference shown"] * 2  # Holm: 2/35 each, above 0.05
+
+
+def test_the_report_command_writes_every_section(tmp_path):
+    root = _sweep(tmp_path / "s6")
+    out = tmp_path / "results_s6.md"
+    main([str(root), "--staleness", "8", "--out", str(out), "--stress", str(root)])
+    text = out.read_text()
+    for heading in ("## Arms", "## The family: 30 tests, Holm-adjusted", "## Plateau check", "## Power at the observed",
+                    "## Tier B"):
+        assert heading in text
+    assert "| inverse vs recompute | R | " in text and "**equivalent within ±0.12**" in text
