@@ -166,7 +166,29 @@ def test_grpo_advantages_hand_computed():
         grpo_advantages(rewards, eps=0)
 
 
+def test_the_library_rejects_mismatched_shapes_naming_them():
+    """The library's own contract (not the oracle's): a ValueError naming each argument's shape,
+    never torch's broadcasting or its RuntimeError from deep inside."""
+    from a3po.maths.loss import decoupled_loss, token_decisions
+    from a3po.maths.proximal import linear, loglinear
+
+    n = 6
+    t, seq, valid = torch.zeros(n), torch.zeros(n, dtype=torch.long), torch.ones(n, dtype=torch.bool)
+    groups = {"objective": {"name": "ppo", "eps_clip": 0.2}, "correction": {"name": "none", "cap": None}}
+    with pytest.raises(ValueError, match=r"'behave': \(4,\)"):
+        decoupled_loss(t, t, torch.zeros(4), t, seq, valid, **groups)
+    with pytest.raises(ValueError, match=r"'advantages': \(6, 1\)"):  # broadcastable, still refused
+        token_decisions(t, t, t, torch.zeros(n, 1), seq, valid, **groups)
+    with pytest.raises(ValueError, match=r"'alpha': \(3,\)"):
+        loglinear(t, t, torch.zeros(3), seq)
+    with pytest.raises(ValueError, match=r"'versions': \(2,\)"):
+        linear(t, t, torch.tensor(0.5), torch.zeros(2))
+    loss, stats = decoupled_loss(t, t, t, t, seq, valid, **groups)  # matching shapes still pass
+    assert loss.item() == 0.0 and stats["actor/valid_tokens"].item() == n
+
+
 def test_bad_inputs_raise():
+    """The oracle's checks (tests/oracles.py), and the library's own for log-probs and advantages."""
     t = torch.zeros(2, 3)
     mask = torch.ones(2, 3, dtype=torch.bool)
     with pytest.raises(ValueError, match="shape mismatch"):

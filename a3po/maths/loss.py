@@ -18,7 +18,7 @@ import torch
 
 from a3po.maths.corrections import Correction, apply_correction
 from a3po.maths.diagnostics import offpolicy_metrics
-from a3po.maths.masked import masked_max, masked_mean, masked_min
+from a3po.maths.masked import check_same_shape, masked_max, masked_mean, masked_min
 from a3po.maths.objectives import MAX_LOG_RATIO, Objective, compute_objective
 
 __all__ = ["decoupled_loss", "policy_loss", "token_decisions"]
@@ -39,7 +39,9 @@ def decoupled_loss(logp: torch.Tensor, prox: torch.Tensor, behave: torch.Tensor,
                    seq_index: torch.Tensor, valid: torch.Tensor, *, objective: Mapping[str, Any],
                    correction: Mapping[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One micro-batch's loss and its metrics. `objective` and `correction` are config groups
-    (`name` and parameters); `prox` is an anchor, detached here whatever the caller passes."""
+    (`name` and parameters); `prox` is an anchor, detached here whatever the caller passes.
+    Tensors of different shapes are a ValueError naming each one's shape (no broadcasting)."""
+    check_same_shape(logp=logp, prox=prox, behave=behave, advantages=advantages, seq_index=seq_index, valid=valid)
     prox = prox.detach()
     kept = apply_correction(correction["name"], prox - behave, seq_index, valid, correction)
     clipped = compute_objective(objective["name"], logp, prox, advantages, seq_index, valid, objective)
@@ -72,7 +74,9 @@ def token_decisions(logp: torch.Tensor, prox: torch.Tensor, behave: torch.Tensor
                     correction: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     """What the loss decides per token given the anchor `prox`: `clip`, the objective's clip is
     in force (below or above 1); `keep`, the correction keeps the token. Comparing them under
-    two anchors gives the decision flip rate (a3po.maths.proximal.approximation_errors)."""
+    two anchors gives the decision flip rate (a3po.maths.proximal.approximation_errors).
+    Tensors of different shapes are a ValueError naming each one's shape (no broadcasting)."""
+    check_same_shape(logp=logp, prox=prox, behave=behave, advantages=advantages, seq_index=seq_index, valid=valid)
     prox = prox.detach()
     kept = apply_correction(correction["name"], prox - behave, seq_index, valid, correction)
     clipped = compute_objective(objective["name"], logp.detach(), prox, advantages, seq_index, valid, objective)

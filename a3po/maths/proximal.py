@@ -47,9 +47,19 @@ __all__ = [
 LINEAR_LOG_EPS = 1e-10
 
 
+def _check_interpolation(behave_logp: torch.Tensor, target_logp: torch.Tensor, alpha: torch.Tensor,
+                         versions: torch.Tensor) -> None:
+    if torch.as_tensor(alpha).dim() == 0:
+        check_same_shape(behave_logp=behave_logp, target_logp=target_logp, versions=versions)
+    else:
+        check_same_shape(behave_logp=behave_logp, target_logp=target_logp, alpha=alpha, versions=versions)
+
+
 def loglinear(behave_logp: torch.Tensor, target_logp: torch.Tensor, alpha: torch.Tensor,
               versions: torch.Tensor) -> torch.Tensor:
-    """prox = behave + alpha * (target - behave): interpolation in log-prob space (A-3PO)."""
+    """prox = behave + alpha * (target - behave): interpolation in log-prob space (A-3PO).
+    `alpha` is per token (the same shape) or a 0-dim tensor."""
+    _check_interpolation(behave_logp, target_logp, alpha, versions)
     return behave_logp + alpha * (target_logp - behave_logp)
 
 
@@ -57,6 +67,7 @@ def linear(behave_logp: torch.Tensor, target_logp: torch.Tensor, alpha: torch.Te
            versions: torch.Tensor) -> torch.Tensor:
     """prox = log((1 - alpha) p_behave + alpha p_target + 1e-10) on generated tokens, behave
     elsewhere: interpolation in probability space."""
+    _check_interpolation(behave_logp, target_logp, alpha, versions)
     p_mix = (1 - alpha) * torch.exp(behave_logp) + alpha * torch.exp(target_logp)
     return torch.where(versions >= 0, torch.log(p_mix + LINEAR_LOG_EPS), behave_logp)
 
