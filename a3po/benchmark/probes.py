@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from a3po.benchmark.harness import TrafficCounter, Variant
 from a3po.benchmark.workload import Workload
 from a3po.learner.trainer import Trainer
-from a3po.learner.update import all_finite, make_optimizer
+from a3po.learner.update import all_finite, check_update, make_optimizer
 from a3po.maths.logprobs import token_logprobs, token_logprobs_and_entropy
 from a3po.maths.proximal import approximate_prox_logp, approximations
 from a3po.rollout import build_engine
@@ -42,14 +42,14 @@ def rollout_variant(w: Workload) -> Variant:
 
 def approximate_step(trainer: Trainer, minibatches: list[list[Flat]], version: int) -> None:
     """What one `Trainer.step` spends on its approximation: `Trainer.approximate_prox` and an
-    `all_finite` flag per micro-batch, then `Trainer.check_update`'s one host read per
+    `all_finite` flag per micro-batch, then `check_update`'s one host read per
     minibatch (a non-finite result raises there; the loss and gradient norm it also checks
     are given as finite zeros, as they are not the approximation's)."""
     zero = minibatches[0][0][0].new_zeros(())
     for index, micro_batches in enumerate(minibatches):
         flags = [all_finite(trainer.approximate_prox(behave, logp, versions, version))
                  for behave, logp, versions in micro_batches]
-        trainer.check_update(flags, zero, zero, version, index, len(minibatches))
+        check_update(flags, zero, zero, version, index, len(minibatches), trainer.dist)
 
 
 def micro_batch_inputs(w: Workload, recomputed: dict[int, torch.Tensor], micro: list[int]) -> Flat:

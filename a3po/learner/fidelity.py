@@ -4,7 +4,8 @@ recomputed one on the tokens being trained, and how far the policy has drifted; 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
@@ -14,11 +15,9 @@ from a3po.maths.loss import token_decisions
 from a3po.maths.masked import masked_mean
 from a3po.maths.proximal import approximate_prox_logp, approximation_errors
 from a3po.maths.schedules import schedule_of
+from a3po.timer import PhaseTimer
 
-__all__ = ["fidelity_metrics", "gradient_agreement", "loglinear_anchors", "record_fidelity", "STRATIFIED"]
-
-if TYPE_CHECKING:
-    from a3po.learner.trainer import Trainer
+__all__ = ["FidelityRecorder", "fidelity_metrics", "gradient_agreement", "loglinear_anchors", "STRATIFIED"]
 
 # The errors also reported per stratum (minibatch k, entropy tercile) for the loglinear anchors.
 STRATIFIED = ("logp_abs", "clip_flip", "clip_rate")
@@ -92,19 +91,31 @@ def gradient_agreement(loss_of: Callable[[torch.Tensor], torch.Tensor], params: 
     return out
 
 
-def record_fidelity(trainer: "Trainer", metrics: StepMetrics, reference: torch.Tensor, logp: torch.Tensor,
-                    entropy: torch.Tensor, tokens: Mapping[str, torch.Tensor], version: int, minibatch: int,
-                    n_minibatches: int, first: bool) -> None:
-    """The trainer's train.log_prox_errors on one micro-batch, timed as `fidelity` apart from
-    `train`; on the first micro-batch of a due step's last minibatch (train.grad_fidelity_every)
-    the gradient agreement too, from the training forward's graph before its backward."""
-    with trainer.timer.phase("fidelity", within="train"):
-        for values, n_tokens in fidelity_metrics(reference, logp, entropy, tokens, version, minibatch, n_minibatches,
-                                                 schedules=trainer.error_schedules, objective=trainer.objective,
-                                                 correction=trainer.correction):
-            metrics.add(values, n_tokens=n_tokens)
-        every = trainer.grad_fidelity_every
-        if every and version % every == 0 and minibatch == n_minibatches - 1 and first:
-            anchors = loglinear_anchors(tokens, logp, version, minibatch / n_minibatches, trainer.error_schedules)
-            metrics.add(gradient_agreement(lambda anchor: trainer.loss(logp, anchor, tokens)[0],
-                                           trainer.policy.parameters(), reference, anchors))
+@dataclass(frozen=True)
+class FidelityRecorder:
+    """`train.log_prox_errors` on one micro-batch at a time, given what it measures with: the
+    logged schedules, the loss's groups, `train.grad_fidelity_every`, the step's timer, the
+    loss as a function of the anchor's log-probs and the trainable parameters."""
+
+    schedules: Mapping[str, Mapping[str, Any]]
+    objective: Mapping[str, Any]
+    correction: Mapping[str, Any]
+    grad_fidelity_every: int
+    timer: PhaseTimer
+    parameters: Callable[[], Iterable[torch.Tensor]]
+
+    def record(self, metrics: StepMetrics, reference: torch.Tensor, logp: torch.Tensor, entropy: torch.Tensor,
+               tokens: Mapping[str, torch.Tensor], version: int, minibatch: int, n_minibatches: int, first: bool,
+               loss_of: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Timed as `fidelity` apart from `train`; on the first micro-batch of a due step's last
+        minibatch the gradient agreement too, from the training forward's graph before its
+        backward (`loss_of(anchor)`: this micro-batch's loss against that anchor)."""
+        with self.timer.phase("fidelity", within="train"):
+            for values, n_tokens in fidelity_metrics(reference, logp, entropy, tokens, version, minibatch,
+                                                     n_minibatches, schedules=self.schedules,
+                                                     objective=self.objective, correction=self.correction):
+                metrics.add(values, n_tokens=n_tokens)
+            every = self.grad_fidelity_every
+            if every and version % every == 0 and minibatch == n_minibatches - 1 and first:
+                anchors = loglinear_anchors(tokens, logp, version, minibatch / n_minibatches, self.schedules)
+                metrics.add(gradient_agreement(loss_of, self.parameters(), reference, anchors))

@@ -16,15 +16,16 @@ import torch
 from a3po.batch import RolloutBatch, Sample
 from a3po.cfg_access import plain
 from a3po.device import autocast, autocast_dtype
+from a3po.learner.anchors import build_anchor
 from a3po.learner.batching import pack_micro_batches, split_minibatches
-from a3po.learner.fidelity import record_fidelity
-from a3po.learner.hybrid import step_recomputes
+from a3po.learner.fidelity import FidelityRecorder
+from a3po.learner.hybrid import drift_ess
 from a3po.learner.step_metrics import StepMetrics
 from a3po.learner.update import all_finite, check_update, make_optimizer
 from a3po.maths.advantages import grpo_advantages
 from a3po.maths.logprobs import token_logprobs, token_logprobs_and_entropy
 from a3po.maths.loss import decoupled_loss
-from a3po.maths.proximal import ALGOS, approximate_prox_logp
+from a3po.maths.proximal import ALGOS
 from a3po.maths.schedules import validate_schedule
 from a3po.models.loading import enable_activation_checkpointing
 from a3po.distributed import (SINGLE, DistInfo, all_reduce_max, all_reduce_sum, local_value, shard,
@@ -47,13 +48,14 @@ class Trainer:
         # The loss axes (conf/correction, conf/objective): each holds its own parameters.
         self.correction = dict(plain(cfg.correction))
         self.objective = dict(plain(cfg.objective))
-        self.schedule = cfg.schedule.name
-        self.schedule_params = validate_schedule(self.schedule, plain(cfg.schedule))
-        self.algo_params = self.algo.check(plain(cfg.algo), "algo")
+        self.anchor = build_anchor(self.algo, self.algo.check(plain(cfg.algo), "algo"), cfg.schedule.name,
+                                   validate_schedule(cfg.schedule.name, plain(cfg.schedule)))
         self.train = cfg.train
-        self.error_schedules = ({name: dict(plain(params or {})) for name, params in (cfg.train.get("prox_error_schedules") or {}).items()}
-                                if cfg.train.get("log_prox_errors", False) else {})
-        self.grad_fidelity_every = int(cfg.train.get("grad_fidelity_every") or 0) if self.error_schedules else 0
+        error_schedules = ({name: dict(plain(params or {})) for name, params in (cfg.train.get("prox_error_schedules") or {}).items()}
+                           if cfg.train.get("log_prox_errors", False) else {})
+        self.fidelity = FidelityRecorder(error_schedules, self.objective, self.correction,
+                                         int(cfg.train.get("grad_fidelity_every") or 0) if error_schedules else 0,
+                                         timer, policy.parameters) if error_schedules else None
         self.temperature = float(cfg.rollout.temperature)
         self.pad_id = pad_id
         self.device = device
@@ -202,7 +204,7 @@ class Trainer:
         advantages = self.advantages(batch)
         plans = self.plan(samples, generator)
         metrics = StepMetrics()
-        recompute = step_recomputes(self, samples, plans, version, metrics)
+        recompute = self._decide(samples, plans, version, metrics)
         recomputed = self._recomputed_prox(samples, plans, recompute)
         approximation_time = DeviceSpans(self.device)
 
@@ -213,8 +215,7 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 minibatch_loss = torch.zeros((), device=self.device)
                 finite_flags: list[torch.Tensor] = []
-                # One autocast scope per minibatch: its weights are cast to the compute dtype once, not
-                # once per micro-batch (they change only at the optimizer step; the same values either way).
+                # one autocast scope per minibatch: weights cast once, not per micro-batch (same values)
                 with autocast(self.device, self.autocast_dtype):
                     for micro in plan:
                         if not micro:  # another rank has more micro-batches (`_equal_micro_batch_counts`)
@@ -222,9 +223,10 @@ class Trainer:
                             continue
                         tokens = self._micro_batch_tensors([samples[i] for i in micro], advantages[micro])
                         logp, entropy = self.response_logp([samples[i] for i in micro])
-                        if self.error_schedules:
-                            record_fidelity(self, metrics, torch.cat([recomputed[i] for i in micro]), logp, entropy,
-                                            tokens, version, index, len(plans), first=micro is next(m for m in plan if m))
+                        if self.fidelity:
+                            self.fidelity.record(metrics, torch.cat([recomputed[i] for i in micro]), logp, entropy, tokens,
+                                                 version, index, len(plans), micro is next(m for m in plan if m),
+                                                 lambda anchor: self.loss(logp, anchor, tokens)[0])
                         if recompute:
                             prox = torch.cat([recomputed[i] for i in micro])
                         else:
@@ -239,7 +241,7 @@ class Trainer:
                         metrics.add({**stats, "actor/entropy": entropy.mean()}, n_tokens=logp.numel())
                 grad_norm = local_value(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.train.grad_clip))
                 # one host sync per minibatch, before the update: nothing non-finite reaches the weights
-                self.check_update(finite_flags, minibatch_loss, grad_norm, version, index, len(plans))
+                check_update(finite_flags, minibatch_loss, grad_norm, version, index, len(plans), self.dist)
                 self.optimizer.step()
                 metrics.add({"actor/grad_norm": grad_norm, "actor/loss": minibatch_loss})
         self.optimizer.zero_grad(set_to_none=True)
@@ -247,18 +249,13 @@ class Trainer:
             self.timer.add("prox_logp", approximation_time.seconds())
         return metrics.result(across_ranks=self.dist.world > 1)
 
-    def check_update(self, prox_flags: list[torch.Tensor], loss: torch.Tensor, grad_norm: torch.Tensor,
-                     version: int, minibatch: int, n_minibatches: int) -> None:
-        """`a3po.learner.update.check_update` over this trainer's ranks."""
-        check_update(prox_flags, loss, grad_norm, version, minibatch, n_minibatches, self.dist)
-
     def _recomputed_prox(self, samples: list[Sample], plans, recompute: bool) -> dict[int, torch.Tensor]:
         """The recompute forward when this step trains against it (timed as `prox_logp`), or
         when approximation errors are logged against it (timed apart, as `prox_reference`)."""
         if recompute:
             with self.timer.phase("prox_logp"):
                 return self.recompute_prox_logp(samples, plans)
-        if self.error_schedules:
+        if self.fidelity:
             with self.timer.phase("prox_reference"):
                 return self.recompute_prox_logp(samples, plans)
         return {}
@@ -284,11 +281,16 @@ class Trainer:
 
     def approximate_prox(self, behave: torch.Tensor, logp: torch.Tensor, versions: torch.Tensor,
                          version: int, position: float = 0.0) -> torch.Tensor:
-        """One micro-batch's proximal log-probs without a forward pass (coupled: the behaviour
-        policy itself), in minibatch k of m (`position` = k/m). The finite check is the
-        caller's, once per minibatch (no host sync here)."""
-        if self.algo.anchor == "behave":
-            return behave
-        return approximate_prox_logp(behave, logp.detach(), versions, version, method=self.algo.name,
-                                     schedule=self.schedule, position=position, check_finite=False,
-                                     **self.schedule_params)
+        """One micro-batch's proximal log-probs without a forward pass, in minibatch k of m
+        (`position` = k/m): the method's anchor strategy (a3po.learner.anchors)."""
+        return self.anchor.approximate(behave, logp, versions, version, position)
+
+    def _decide(self, samples: list[Sample], plans: list[list[list[int]]], version: int, metrics: StepMetrics) -> bool:
+        """Whether this step trains against recompute's forward: the anchor strategy decides (the
+        hybrid's drift probe runs on the step's first micro-batch, timed as `prox_logp`)."""
+        def probe() -> torch.Tensor:
+            with self.timer.phase("prox_logp"):
+                return drift_ess(self.response_logp, [samples[i] for i in next(m for plan in plans for m in plan if m)])
+        recompute, decided = self.anchor.decide(version, probe)
+        metrics.add(decided)
+        return recompute

@@ -1,0 +1,105 @@
+"""Where a step's proximal log-probs come from: one small strategy per anchor kind of
+a3po.maths.proximal's `Method` (`behave`, `recompute`, `approximate`, `hybrid`), built once by
+`build_anchor` from the method's spec and its parameters, and given the inputs it needs.
+
+`decide(version, probe)` says whether the step trains against recompute's forward (and what
+to log about that); `approximate(...)` gives one micro-batch's anchor when it does not. The
+trainer runs the forwards; a strategy never sees the trainer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from a3po.maths.proximal import Method, approximate_prox_logp, recomputes_at
+
+__all__ = ["Anchor", "build_anchor"]
+
+Probe = Callable[[], torch.Tensor]  # the hybrid's drift ESS, measured by the trainer on demand
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """`behave`: the behaviour policy's own log-probs (coupled PPO: the behaviour weight is 1)."""
+
+    def decide(self, version: int, probe: Probe) -> tuple[bool, dict[str, torch.Tensor]]:
+        """(train against recompute's forward this step?, metrics to log about the decision)."""
+        return False, {}
+
+    def approximate(self, behave: torch.Tensor, logp: torch.Tensor, versions: torch.Tensor, version: int,
+                    position: float) -> torch.Tensor:
+        return behave
+
+
+@dataclass(frozen=True)
+class Recompute(Anchor):
+    """`recompute`: the no-grad forward of the step-start weights, every step."""
+
+    def decide(self, version: int, probe: Probe) -> tuple[bool, dict[str, torch.Tensor]]:
+        return True, {}
+
+    def approximate(self, behave, logp, versions, version, position) -> torch.Tensor:
+        raise RuntimeError("a recompute step trains against the recomputed log-probs, never an approximation")
+
+
+@dataclass(frozen=True)
+class Interpolation(Anchor):
+    """`approximate`: the method's interpolation between behaviour and current log-probs,
+    weighted by the alpha schedule; no forward pass."""
+
+    method: str = "loglinear"
+    schedule: str = "inverse"
+    schedule_params: Mapping[str, Any] = field(default_factory=dict)
+
+    def approximate(self, behave, logp, versions, version, position) -> torch.Tensor:
+        """The finite check is the caller's, once per minibatch (no host sync here)."""
+        return approximate_prox_logp(behave, logp.detach(), versions, version, method=self.method,
+                                     schedule=self.schedule, position=position, check_finite=False,
+                                     **self.schedule_params)
+
+
+@dataclass(frozen=True)
+class Hybrid(Interpolation):
+    """`hybrid`: the interpolation on most steps, recompute's forward on the steps
+    `recomputes_at` picks (every `every`-th, or when the drift's ESS is below `min_ess`)."""
+
+    every: int = 0
+    min_ess: float | None = None
+
+    def decide(self, version: int, probe: Probe) -> tuple[bool, dict[str, torch.Tensor]]:
+        logged: dict[str, torch.Tensor] = {}
+
+        def measured() -> float:
+            logged["hybrid/drift_ess"] = probe()
+            return float(logged["hybrid/drift_ess"])
+
+        recompute = recomputes_at(version, self.every, self.min_ess, measured)
+        return recompute, {**logged, "hybrid/recomputed": torch.tensor(float(recompute))}
+
+
+def _interpolation(method: Method, algo_params: Mapping[str, Any], schedule: str,
+                   schedule_params: Mapping[str, Any]) -> Interpolation:
+    return Interpolation(method.name, schedule, dict(schedule_params))
+
+
+def _hybrid(method: Method, algo_params: Mapping[str, Any], schedule: str, schedule_params: Mapping[str, Any]) -> Hybrid:
+    return Hybrid(method.name, schedule, dict(schedule_params), every=int(algo_params["every"]),
+                  min_ess=algo_params["min_ess"])
+
+
+BUILDERS: dict[str, Callable[..., Anchor]] = {
+    "behave": lambda *_: Anchor(),
+    "recompute": lambda *_: Recompute(),
+    "approximate": _interpolation,
+    "hybrid": _hybrid,
+}
+
+
+def build_anchor(method: Method, algo_params: Mapping[str, Any], schedule: str,
+                 schedule_params: Mapping[str, Any]) -> Anchor:
+    """The strategy for `method`'s anchor kind, with its checked parameters."""
+    return BUILDERS[method.anchor](method, algo_params, schedule, schedule_params)
