@@ -458,14 +458,14 @@ def test_prompt_uses_the_chat_template():
 
 
 def test_calibration_samples_exactly_what_the_rollout_engine_samples():
-    """`python -m a3po.tasks.calibrate` goes through `HFEngine.generate` with the trainer's prompt
+    """`python -m a3po.rollout.calibrate` goes through `HFEngine.generate` with the trainer's prompt
     encoding: the same seed gives the same completions, and the caller's RNG stream stays put."""
     import torch
 
     from a3po.models import CONVERSION_MARKER, load_policy, smollm2_cache_dir
     from a3po.rollout.hf import HFEngine
     from a3po.tasks import encode_prompt
-    from a3po.tasks.calibrate import measure_mean_reward
+    from a3po.rollout.calibrate import measure_mean_reward
 
     if not (smollm2_cache_dir() / CONVERSION_MARKER).exists():
         pytest.skip("needs the converted SmolLM2 cache (created by tests/test_models.py)")

@@ -34,7 +34,7 @@ class RolloutProducer:
         from a3po.tasks import encode_prompt
 
         self.cfg, self.task, self.tokenizer, self.engine, self.timer = cfg, task, tokenizer, engine, timer
-        self.encode_prompt = encode_prompt  # the same encoder as python -m a3po.tasks.calibrate
+        self.encode_prompt = encode_prompt  # the same encoder as python -m a3po.rollout.calibrate
 
     def encode(self, question: str) -> list[int]:
         return self.encode_prompt(self.tokenizer, question)

@@ -2,7 +2,7 @@
 
 RL only learns when a group of samples has mixed rewards, so the default level is chosen
 for the embedded SmolLM2-135M-Instruct at temperature 1 with 32 new tokens. Measured with
-`python -m a3po.tasks.calibrate`: level 1 starts at 0.31-0.35 mean reward, level 2 at 0.07,
+`python -m a3po.rollout.calibrate`: level 1 starts at 0.31-0.35 mean reward, level 2 at 0.07,
 level 3 at 0.02.
 """
 

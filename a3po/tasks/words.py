@@ -9,7 +9,7 @@ training draws uniformly from the rest. The answer is a whole number, graded lik
 problems as GSM8K-format records (`question`, `answer` ending in `#### N`), which `task=gsm8k
 task.path=FILE.jsonl` loads.
 
-Calibration (SmolLM2-135M-Instruct, temperature 1, `python -m a3po.tasks.calibrate --task words`):
+Calibration (SmolLM2-135M-Instruct, temperature 1, `python -m a3po.rollout.calibrate --task words`):
 docs/testbed.md.
 """
 

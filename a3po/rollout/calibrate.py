@@ -6,7 +6,7 @@ rollout engine itself (`HFEngine.generate`: the trainer's temperature, top_p, no
 tokens and seeding), so it measures exactly what training samples, and prints the mean reward
 with its standard error, e.g.
 
-    python -m a3po.tasks.calibrate --level 1 --prompts 32 --samples 4
+    python -m a3po.rollout.calibrate --level 1 --prompts 32 --samples 4
 """
 
 from __future__ import annotations
