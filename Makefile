@@ -64,7 +64,7 @@ test-fast: setup
 clean-demo:
 	rm -rf outputs/demo
 
-# The GPU smoke test (README, "GPU smoke test"): run first on a new cluster. Each item in a
+# The GPU smoke test (docs/gpus.md, "GPU smoke test"): run first on a new cluster. Each item in a
 # subprocess with a timeout; outputs/gpu_smoke/smoke.json and smoke.md. Without CUDA it says
 # so and exits 0 (CI runs that path). SMOKE_ARGS, e.g. SMOKE_ARGS="--only tiny-fp32,fsdp2-nccl".
 SMOKE_ARGS ?=
