@@ -11,7 +11,6 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from a3po.cfg_access import plain
 from a3po.device import DEVICES, PRECISIONS, RESOLVED_PRECISIONS
 from a3po.errors import ConfigError
 from a3po.identity import register_resolvers
@@ -19,11 +18,8 @@ from a3po.maths.corrections import check_combination, check_correction
 from a3po.maths.objectives import check_objective
 from a3po.maths.proximal import ALGOS
 from a3po.maths.schedules import schedule_of, validate_schedule
-from a3po.schema import (AsyncRuntime, LaggedRuntime, LoggerConfig, RolloutConfig, TrainConfig, VLLMRolloutConfig,
-                         check_group, field_names)
-
-RUNTIMES = {"lagged": LaggedRuntime, "async": AsyncRuntime}
-ROLLOUT_SCHEMAS = {"hf": RolloutConfig, "vllm": VLLMRolloutConfig}
+from a3po.run_config import ROLLOUT_SCHEMAS, RUNTIMES
+from a3po.schema import LoggerConfig, TrainConfig, as_plain, check_group, field_names
 # A run directory that holds another config's run: stop (error) or start it afresh (restart).
 ON_CONFIG_CHANGE = ("error", "restart")
 # Before anything loads, a run's estimated peak memory against the machine's (a3po.run.memory_check):
@@ -49,16 +45,16 @@ def _is_number(value: Any) -> bool:
 def _validate_axes(cfg: DictConfig) -> None:
     """Each ablation axis's choice and its parameters, read from its spec (a3po.maths.spec),
     and the one combination across axes that has no meaning (a correction beside coupled)."""
-    checks = [lambda: ALGOS.lookup(cfg.algo.name).check(plain(cfg.algo), "algo"),
-              lambda: validate_schedule(cfg.schedule.get("name"), plain(cfg.schedule)),
-              lambda: check_correction(cfg.correction.get("name"), plain(cfg.correction)),
-              lambda: check_objective(cfg.objective.get("name"), plain(cfg.objective)),
+    checks = [lambda: ALGOS.lookup(cfg.algo.name).check(as_plain(cfg.algo), "algo"),
+              lambda: validate_schedule(cfg.schedule.get("name"), as_plain(cfg.schedule)),
+              lambda: check_correction(cfg.correction.get("name"), as_plain(cfg.correction)),
+              lambda: check_objective(cfg.objective.get("name"), as_plain(cfg.objective)),
               lambda: check_combination(cfg.correction.name, cfg.algo.name)]
     if cfg.train.log_prox_errors:
         for name, params in (cfg.train.get("prox_error_schedules") or {}).items():
             where = f"train.prox_error_schedules.{name}"
             checks.append(lambda name=name, params=params, where=where:
-                          validate_schedule(schedule_of(name, plain(params)), plain(params), where))
+                          validate_schedule(schedule_of(name, as_plain(params)), as_plain(params), where))
     for check in checks:
         try:
             check()
@@ -87,9 +83,10 @@ def validate_world(cfg: DictConfig, world: int) -> None:
     )
 
 
-def validate_resolved(cfg: DictConfig) -> None:
-    """The checks that need the resolved `precision` (a3po.device.resolve_precision)."""
-    mixed = cfg.train.get("fsdp_mixed_precision", False)
+def validate_resolved(cfg: Any) -> None:
+    """The checks that need the resolved `precision` (a3po.device.resolve_precision), on the
+    typed config (a3po.run_config.RunConfig)."""
+    mixed = cfg.train.fsdp_mixed_precision
     _require(not mixed or cfg.precision == "bf16", "train.fsdp_mixed_precision", mixed,
              f"false with precision={cfg.precision} (it gathers the weights in bf16: set precision=bf16)")
 
@@ -101,7 +98,7 @@ def validate_config(cfg: DictConfig) -> None:
     from a3po.models import validate_model_cfg
     from a3po.tasks import validate_task_cfg
 
-    check_group(plain(cfg.train), TrainConfig, "train")
+    check_group(as_plain(cfg.train), TrainConfig, "train")
     _validate_axes(cfg)
     _validate_top(cfg)
     _validate_train(cfg.train)
@@ -143,7 +140,7 @@ def _validate_rollout(rollout: DictConfig, train: DictConfig) -> None:
     from a3po.rollout import ENGINES
 
     _require(rollout.name in ENGINES, "rollout.name", rollout.name, f"allowed: {sorted(ENGINES)}")
-    check_group(plain(rollout), ROLLOUT_SCHEMAS[rollout.name], "rollout", tolerate=field_names(*ROLLOUT_SCHEMAS.values()))
+    check_group(as_plain(rollout), ROLLOUT_SCHEMAS[rollout.name], "rollout", tolerate=field_names(*ROLLOUT_SCHEMAS.values()))
     # A sequence is at least one prompt token plus the longest response; a micro-batch must hold one.
     _require(train.token_budget > rollout.max_new_tokens, "train.token_budget", train.token_budget,
              f"it must exceed rollout.max_new_tokens={rollout.max_new_tokens} so one sequence fits a micro-batch")
@@ -151,5 +148,5 @@ def _validate_rollout(rollout: DictConfig, train: DictConfig) -> None:
 
 def _validate_runtime_and_logger(cfg: DictConfig) -> None:
     _require(cfg.runtime.name in RUNTIMES, "runtime.name", cfg.runtime.name, f"allowed: {list(RUNTIMES)}")
-    check_group(plain(cfg.runtime), RUNTIMES[cfg.runtime.name], "runtime")
-    check_group(plain(cfg.logger), LoggerConfig, "logger")
+    check_group(as_plain(cfg.runtime), RUNTIMES[cfg.runtime.name], "runtime")
+    check_group(as_plain(cfg.logger), LoggerConfig, "logger")

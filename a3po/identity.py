@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 from omegaconf import OmegaConf
 
-from a3po.cfg_access import plain
+from a3po.schema import as_plain
 from a3po.device import RESOLVED_PRECISIONS, resolve_device, resolve_precision
 from a3po.errors import ConfigError
 from a3po.maths.corrections import CORRECTIONS
@@ -218,7 +218,7 @@ def name_precision(precision: str, device: str, weights_dtype: str = "float32") 
 
 def _identity_resolver(algo, schedule, correction, objective, runtime, staleness, seed, precision="fp32",
                        device="cpu", weights_dtype="float32"):
-    record = identity_record(plain(algo), plain(schedule), plain(correction), plain(objective), plain(runtime),
+    record = identity_record(as_plain(algo), as_plain(schedule), as_plain(correction), as_plain(objective), as_plain(runtime),
                              staleness, seed, name_precision(str(precision), str(device), str(weights_dtype)))
     return OmegaConf.create(record)  # a node: cfg.identity.label reads like any other key
 
@@ -230,4 +230,4 @@ def register_resolvers() -> None:
     if not OmegaConf.has_resolver("a3po_identity"):
         OmegaConf.register_new_resolver("a3po_identity", _identity_resolver)
     if not OmegaConf.has_resolver("a3po_run_name"):
-        OmegaConf.register_new_resolver("a3po_run_name", lambda record: run_name(plain(record)))
+        OmegaConf.register_new_resolver("a3po_run_name", lambda record: run_name(as_plain(record)))

@@ -20,12 +20,13 @@ import math
 import re
 import typing
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any, Callable, Mapping
 
 from a3po.errors import ConfigError
 
 __all__ = ["TrainConfig", "RolloutConfig", "VLLMRolloutConfig", "LaggedRuntime", "AsyncRuntime", "LoggerConfig",
-           "check_group", "field_names", "schema_defaults"]
+           "Group", "as_plain", "check_group", "field_names", "schema_defaults"]
 
 Check = Callable[[Any], bool]
 
@@ -43,12 +44,40 @@ def _int_at_least(n: int, default: Any, extra: str = "") -> Any:
     return rule(default, f"it must be an integer >= {n}{extra}", lambda v: v >= n)
 
 
+def as_plain(value: Any) -> Any:
+    """A config value as plain Python: mappings (an OmegaConf DictConfig is one) as dicts, sequences
+    (ListConfig) as lists, recursively; reading a node resolves its interpolations."""
+    if isinstance(value, Mapping):
+        return {str(k): as_plain(value[k]) for k in value}
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return [as_plain(v) for v in value]
+    return value
+
+
+class Group:
+    """`Schema.of(group)`: the group as this frozen dataclass, from a mapping of its keys (plain
+    or an OmegaConf node) or as is when it already is one. An unknown key is a ConfigError
+    naming it; a missing one takes the field's default, held here once."""
+
+    @classmethod
+    def of(cls, group: Any, where: str | None = None) -> Any:
+        if isinstance(group, cls):
+            return group
+        values = as_plain(group)
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            where = where or cls.__name__
+            raise ConfigError(f"{where}.{unknown[0]} is not a key of {where}; its keys: {sorted(names)}")
+        return cls(**values)
+
+
 POSITIVE = "it must be > 0"
 FLAG = "it must be true or false"
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(Group):
     """`train.*` (conf/config.yaml)."""
 
     total_steps: int = _int_at_least(1, 20)
@@ -97,7 +126,7 @@ def _device(value: Any) -> bool:
 
 
 @dataclass(frozen=True)
-class _Rollout:
+class _Rollout(Group):
     """What every engine's group has; the engine name is checked against a3po.rollout.ENGINES
     by a3po.config."""
 
@@ -136,14 +165,14 @@ class VLLMRolloutConfig(_Rollout):
 
 
 @dataclass(frozen=True)
-class LaggedRuntime:
+class LaggedRuntime(Group):
     """`runtime=lagged` (conf/runtime/lagged.yaml): the exact staleness is the top-level key."""
 
     name: str = rule("lagged", "it must name a runtime")
 
 
 @dataclass(frozen=True)
-class AsyncRuntime:
+class AsyncRuntime(Group):
     """`runtime=async` (conf/runtime/async.yaml)."""
 
     name: str = rule("async", "it must name a runtime")
@@ -153,7 +182,7 @@ class AsyncRuntime:
 
 
 @dataclass(frozen=True)
-class LoggerConfig:
+class LoggerConfig(Group):
     """`logger.*` (conf/logger/*.yaml)."""
 
     name: str = rule("wandb", "allowed: ['none', 'wandb']", lambda v: v in ("none", "wandb"))
@@ -187,7 +216,7 @@ def check_group(group: Mapping[str, Any], schema: type, where: str, tolerate: ty
     """ConfigError for a key `schema` does not have (other than `tolerate`: another choice's
     keys an experiment sets for the group, e.g. vLLM's `rollout.dtype` under `rollout=hf`), or
     the first value whose type or range is not its field's, naming `<where>.<key>`, the value
-    and what is allowed. `group` is plain (a3po.cfg_access.plain); a missing key reads as its
+    and what is allowed. `group` is plain (`as_plain`); a missing key reads as its
     default."""
     fields = {f.name: f for f in dataclasses.fields(schema)}
     unknown = sorted(set(group) - set(fields) - set(tolerate))

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
 from a3po.allocator import retain_freed_memory
 from a3po.batch import RolloutBatch, Sample
@@ -18,6 +18,8 @@ from a3po.device import resolve_device, resolve_precision
 from a3po.learner.trainer import Trainer
 from a3po.maths.proximal import approximations
 from a3po.maths.schedules import SCHEDULES
+from a3po.run_config import RunConfig
+from a3po.schema import as_plain
 from a3po.timer import PhaseTimer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -88,9 +90,7 @@ def make_trainer(cfg: DictConfig, policy: torch.nn.Module, tokenizer: Any, algo:
     """A trainer built as a3po.run.main builds it from `cfg`, with `algo=<algo>
     schedule=<schedule>` composed as training composes them."""
     groups = compose([f"algo={algo}", f"schedule={schedule}"])
-    run_cfg = cfg.copy()
-    with open_dict(run_cfg):
-        run_cfg.algo, run_cfg.schedule, run_cfg.precision = groups.algo, groups.schedule, precision
+    run_cfg = RunConfig.of(cfg, algo=as_plain(groups.algo), schedule=as_plain(groups.schedule), precision=precision)
     return Trainer(policy, run_cfg, pad_id=tokenizer.pad_token_id, device=device, timer=timer)
 
 
@@ -203,7 +203,7 @@ def build_workload(cfg: DictConfig, options: BenchmarkOptions) -> Workload:
     from a3po.models import load_policy
 
     device = resolve_device(cfg.device)
-    precision = resolve_precision(cfg.get("precision", "auto"), device, cfg.model.get("dtype", "float32"))
+    precision = resolve_precision(cfg.precision, device, cfg.model.dtype)
     retain_freed_memory()  # as a training run does (a3po.run.main)
     torch.manual_seed(cfg.seed)
     policy, tokenizer = load_policy(cfg.model, device=device, seed=cfg.seed)

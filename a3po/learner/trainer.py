@@ -14,7 +14,6 @@ from typing import Any, Mapping
 import torch
 
 from a3po.batch import RolloutBatch, Sample
-from a3po.cfg_access import plain
 from a3po.device import autocast, autocast_dtype
 from a3po.learner.anchors import build_anchor
 from a3po.learner.batching import pack_micro_batches, split_minibatches
@@ -28,6 +27,7 @@ from a3po.maths.loss import decoupled_loss
 from a3po.maths.proximal import ALGOS
 from a3po.maths.schedules import validate_schedule
 from a3po.models.loading import enable_activation_checkpointing
+from a3po.run_config import RunConfig
 from a3po.distributed import (SINGLE, DistInfo, all_reduce_max, all_reduce_sum, local_value, shard,
                                   wrap_fsdp)
 from a3po.timer import DeviceSpans, PhaseTimer
@@ -35,26 +35,25 @@ from a3po.timer import DeviceSpans, PhaseTimer
 
 class Trainer:
     """The learner: forwards, the proximal log-probs of the run's method and the optimizer
-    updates of one step. `cfg` is the run's composed config (its algo, schedule, correction,
-    objective, train and rollout groups and the resolved precision are read here)."""
+    updates of one step. `cfg` is the run's config (a3po.run_config.RunConfig; its algo, schedule,
+    correction, objective, train and rollout groups and the resolved precision are read here)."""
 
     def __init__(self, policy: torch.nn.Module, cfg: Any, *, pad_id: int, device: torch.device, timer: PhaseTimer,
                  dist: DistInfo = SINGLE) -> None:
+        cfg = RunConfig.of(cfg)
         self.policy = policy
         # With N ranks (a3po.distributed) each trains on its shard of every minibatch; the
         # model is sharded with FSDP2 before the optimizer sees its parameters.
         self.dist = dist
         self.algo = ALGOS.lookup(cfg.algo.name)
         # The loss axes (conf/correction, conf/objective): each holds its own parameters.
-        self.correction = dict(plain(cfg.correction))
-        self.objective = dict(plain(cfg.objective))
-        self.anchor = build_anchor(self.algo, self.algo.check(plain(cfg.algo), "algo"), cfg.schedule.name,
-                                   validate_schedule(cfg.schedule.name, plain(cfg.schedule)))
+        self.correction, self.objective = cfg.correction.as_dict(), cfg.objective.as_dict()
+        self.anchor = build_anchor(self.algo, self.algo.check(cfg.algo.as_dict(), "algo"), cfg.schedule.name,
+                                   validate_schedule(cfg.schedule.name, cfg.schedule.as_dict()))
         self.train = cfg.train
-        error_schedules = ({name: dict(plain(params or {})) for name, params in (cfg.train.get("prox_error_schedules") or {}).items()}
-                           if cfg.train.get("log_prox_errors", False) else {})
-        self.fidelity = FidelityRecorder(error_schedules, self.objective, self.correction,
-                                         int(cfg.train.get("grad_fidelity_every") or 0) if error_schedules else 0,
+        error_schedules = ({name: dict(params or {}) for name, params in cfg.train.prox_error_schedules.items()}
+                           if cfg.train.log_prox_errors else {})
+        self.fidelity = FidelityRecorder(error_schedules, self.objective, self.correction, cfg.train.grad_fidelity_every,
                                          timer, policy.parameters) if error_schedules else None
         self.temperature = float(cfg.rollout.temperature)
         self.pad_id = pad_id
@@ -65,11 +64,11 @@ class Trainer:
         self._decoder = policy.get_decoder() if hasattr(policy, "get_decoder") else None
         self._lm_head = policy.get_output_embeddings()
         self._logits = self._response_logits
-        if cfg.train.get("activation_checkpointing", False):  # before FSDP2 shards the layers
+        if cfg.train.activation_checkpointing:  # before FSDP2 shards the layers
             enable_activation_checkpointing(policy)
         if dist.world > 1:  # the root's parameters are gathered around this call as around forward
             self._logits = wrap_fsdp(policy, forward_method=self._response_logits,
-                                     mixed_precision=bool(cfg.train.get("fsdp_mixed_precision", False)))
+                                     mixed_precision=cfg.train.fsdp_mixed_precision)
         self.optimizer = make_optimizer(policy, cfg.train)
         # `precision` (resolved, a3po.device): bf16 is autocast with float32 master weights,
         # optimizer and log-softmax; the HF engine samples under the same rule, so behave and

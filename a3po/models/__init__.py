@@ -14,13 +14,13 @@ from typing import Any
 
 import torch
 
-from a3po.cfg_access import cfg_get
 from a3po.errors import ConfigError
 from a3po.models.loading import (ATTN_IMPLEMENTATIONS, DTYPES, attn_implementation, check_chat_template, load_pretrained,
                                  prepare_tokenizer)
 from a3po.models.smollm2 import (CONVERSION_MARKER, SMOLLM2_CACHE_NAME, cache_root, ensure_smollm2_converted,
                                  find_smollm2_gguf, is_converted, smollm2_cache_dir)
 from a3po.models.tiny import TINY_SIZE_KEYS, build_tiny
+from a3po.run_config import ModelConfig
 
 __all__ = ["MODEL_SOURCES", "validate_model_cfg", "load_policy", "policy_generation_config", "CONVERSION_MARKER",
            "SMOLLM2_CACHE_NAME", "cache_root", "find_smollm2_gguf", "smollm2_cache_dir"]
@@ -32,20 +32,22 @@ def _looks_local(path: str) -> bool:
     return path.startswith(("/", "./", "../", "~")) or os.path.isdir(os.path.expanduser(path))
 
 def validate_model_cfg(model_cfg: Any) -> None:
-    """Fail at start-up, before minutes of loading, with a message naming the bad key."""
-    source = cfg_get(model_cfg, "source")
+    """Fail at start-up, before minutes of loading, with a message naming the bad key.
+    `model_cfg`: a ModelConfig, or a mapping of its keys."""
+    model_cfg = ModelConfig.of(model_cfg, "model")
+    source = model_cfg.source
     if source not in MODEL_SOURCES:
         raise ConfigError(
             f"model.source={source!r} is not a known model source; allowed: {list(MODEL_SOURCES)}"
         )
-    dtype = cfg_get(model_cfg, "dtype", "float32")
+    dtype = model_cfg.dtype
     if dtype not in DTYPES:
         raise ConfigError(f"model.dtype={dtype!r} is not supported; allowed: {list(DTYPES)}")
     if attn_implementation(model_cfg) not in ATTN_IMPLEMENTATIONS:
         raise ConfigError(f"model.attn_implementation={attn_implementation(model_cfg)!r} is not allowed; "
                           f"allowed: {list(ATTN_IMPLEMENTATIONS)}")
     if source == "hub":
-        path = cfg_get(model_cfg, "path")
+        path = model_cfg.path
         if not path or not isinstance(path, str):
             raise ConfigError(
                 f"model.path={path!r}: source 'hub' needs a hub id "
@@ -65,12 +67,10 @@ def validate_model_cfg(model_cfg: Any) -> None:
             )
     elif source == "tiny":
         for key in TINY_SIZE_KEYS:
-            value = cfg_get(model_cfg, key)
+            value = getattr(model_cfg, key)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"model.{key}={value!r}: source 'tiny' needs a positive integer")
-        heads = cfg_get(model_cfg, "num_attention_heads")
-        kv_heads = cfg_get(model_cfg, "num_key_value_heads")
-        hidden = cfg_get(model_cfg, "hidden_size")
+        heads, kv_heads, hidden = model_cfg.num_attention_heads, model_cfg.num_key_value_heads, model_cfg.hidden_size
         if hidden % heads:
             raise ConfigError(
                 f"model.hidden_size={hidden} must be divisible by model.num_attention_heads={heads}"
@@ -83,15 +83,16 @@ def validate_model_cfg(model_cfg: Any) -> None:
 
 def load_policy(model_cfg: Any, *, device: str | torch.device = "cpu", seed: int = 0):
     """Return `(model, tokenizer)` ready for left-padded batched generation on `device`."""
+    model_cfg = ModelConfig.of(model_cfg, "model")
     validate_model_cfg(model_cfg)
-    source = cfg_get(model_cfg, "source")
-    dtype = DTYPES[cfg_get(model_cfg, "dtype", "float32")]
+    source = model_cfg.source
+    dtype = DTYPES[model_cfg.dtype]
     if source == "smollm2_gguf":
         model_dir = ensure_smollm2_converted()
         model, tokenizer = load_pretrained(str(model_dir), dtype, attn_implementation(model_cfg))
         check_chat_template(tokenizer, model_dir)
     elif source == "hub":
-        model, tokenizer = load_pretrained(os.path.expanduser(cfg_get(model_cfg, "path")), dtype,
+        model, tokenizer = load_pretrained(os.path.expanduser(model_cfg.path), dtype,
                                            attn_implementation(model_cfg))
     else:
         model, tokenizer = build_tiny(model_cfg, dtype, seed)

@@ -22,10 +22,9 @@ ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
 
 
 def attn_implementation(model_cfg) -> str:
-    """The attention a model config asks for (absent: the default, as every earlier run had)."""
-    from a3po.cfg_access import cfg_get
-
-    return cfg_get(model_cfg, "attn_implementation", None) or ATTN_IMPLEMENTATION
+    """The attention a model config (a3po.run_config.ModelConfig) asks for (null: the default, as
+    every earlier run had)."""
+    return model_cfg.attn_implementation or ATTN_IMPLEMENTATION
 
 
 def dtype_kwargs(dtype: torch.dtype) -> dict:

@@ -6,7 +6,6 @@ from typing import Any
 
 import torch
 
-from a3po.cfg_access import cfg_get
 from a3po.models.loading import attn_implementation, prepare_tokenizer
 from a3po.models.smollm2 import ensure_smollm2_converted
 from a3po.seeds import seeded
@@ -30,11 +29,11 @@ def build_tiny(model_cfg: Any, dtype: torch.dtype, seed: int):
     prepare_tokenizer(tokenizer)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=cfg_get(model_cfg, "hidden_size"),
-        intermediate_size=cfg_get(model_cfg, "intermediate_size"),
-        num_hidden_layers=cfg_get(model_cfg, "num_hidden_layers"),
-        num_attention_heads=cfg_get(model_cfg, "num_attention_heads"),
-        num_key_value_heads=cfg_get(model_cfg, "num_key_value_heads"),
+        hidden_size=model_cfg.hidden_size,
+        intermediate_size=model_cfg.intermediate_size,
+        num_hidden_layers=model_cfg.num_hidden_layers,
+        num_attention_heads=model_cfg.num_attention_heads,
+        num_key_value_heads=model_cfg.num_key_value_heads,
         max_position_embeddings=2048,
         rope_theta=100000.0,
         tie_word_embeddings=True,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Callable
 
@@ -9,6 +10,7 @@ import torch
 
 from a3po.errors import ConfigError
 from a3po.rollout.base import GenerationCancelled, RolloutEngine
+from a3po.run_config import rollout_of
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +22,7 @@ def _build_hf(rollout_cfg, policy, tokenizer, device, concurrent: bool, precisio
     # Concurrent generation needs weights the optimizer does not change mid-sequence.
     engine_class = HFCopyEngine if concurrent else HFEngine
     return engine_class(policy, tokenizer, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p,
-                        max_new_tokens=rollout_cfg.max_new_tokens, batch_size=rollout_cfg.get("batch_size"),
+                        max_new_tokens=rollout_cfg.max_new_tokens, batch_size=rollout_cfg.batch_size,
                         precision=precision)
 
 
@@ -94,13 +96,9 @@ def sequences_in_flight(rollout_cfg, device, max_sequences: int | None):
     so a batch decodes in one wave (vLLM 0.32's own default is 256 on GPUs under 70 GiB and on
     A100s, 1,024 on H100/H200: the paper's 1,024 sequences would take four waves on an A100).
     On a CPU, or with `max_sequences` unknown, vLLM's default stays."""
-    if rollout_cfg.get("max_num_seqs", "absent") is not None or max_sequences is None:
+    if rollout_cfg.max_num_seqs is not None or max_sequences is None or torch.device(device).type != "cuda":
         return rollout_cfg
-    if torch.device(device).type != "cuda":
-        return rollout_cfg
-    from omegaconf import OmegaConf
-
-    return OmegaConf.merge(rollout_cfg, {"max_num_seqs": int(max_sequences)})
+    return dataclasses.replace(rollout_cfg, max_num_seqs=int(max_sequences))
 
 
 def build_engine(rollout_cfg, policy, tokenizer, device, *, concurrent: bool = False,
@@ -113,6 +111,7 @@ def build_engine(rollout_cfg, policy, tokenizer, device, *, concurrent: bool = F
     (default: `device`) and `world` (default: torch.distributed's, 1 outside it) decide where
     vLLM runs (`vllm_placement`); `max_sequences`, the most one `generate` sends, its
     `max_num_seqs` where the config leaves it null (`sequences_in_flight`)."""
+    rollout_cfg = rollout_of(rollout_cfg)  # a ConfigError for an engine ROLLOUT_SCHEMAS does not know
     if rollout_cfg.name not in ENGINES:
         raise ConfigError(f"rollout.name={rollout_cfg.name!r} is not allowed; allowed: {sorted(ENGINES)}")
     if world is None:

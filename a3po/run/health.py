@@ -89,16 +89,17 @@ class CollapseRule:
     steps: int = 3
 
     @classmethod
-    def from_train_cfg(cls, train: Mapping[str, Any]) -> "CollapseRule":
-        """The rule a run's `train` config asks for; a null (or absent) key is this class's default."""
+    def from_train_cfg(cls, train: Any) -> "CollapseRule":
+        """The rule a run's `train` config (a3po.schema.TrainConfig) asks for; a null key is this
+        class's default."""
         defaults = cls()
 
-        def value(key: str, default: float) -> float:
-            return default if train.get(key) is None else train.get(key)
+        def value(given: float | None, default: float) -> float:
+            return default if given is None else given
 
-        return cls(entropy_below=float(value("collapse_entropy", defaults.entropy_below)),
-                   grad_norm_at_most=float(value("collapse_grad_norm", defaults.grad_norm_at_most)),
-                   steps=int(value("collapse_steps", defaults.steps)))
+        return cls(entropy_below=float(value(train.collapse_entropy, defaults.entropy_below)),
+                   grad_norm_at_most=float(value(train.collapse_grad_norm, defaults.grad_norm_at_most)),
+                   steps=int(value(train.collapse_steps, defaults.steps)))
 
     def matches(self, entropy: float | None, grad_norm: float | None) -> bool:
         """Both known and finite (a null in the log is not evidence of a collapse), and both low."""

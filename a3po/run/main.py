@@ -14,6 +14,7 @@ rank trains on its shard of each minibatch.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from pathlib import Path
@@ -31,6 +32,7 @@ from a3po.run.loop import train_loop
 from a3po.run.memory_check import check_memory
 from a3po.run.metrics_log import MetricsLogger
 from a3po.rollout import check_engine_device
+from a3po.run_config import RunConfig
 from a3po.run.parts import build_parts, rollout_device, warm_up
 from a3po.run.resume import open_run_dir, restore
 from a3po.run.lock import release_run_dir
@@ -41,19 +43,24 @@ __all__ = ["run", "run_dir_of"]
 log = logging.getLogger(__name__)
 
 
-def run_dir_of(cfg: DictConfig) -> Path:
+def run_dir_of(cfg: DictConfig | RunConfig) -> Path:
     return Path(cfg.output_root) / cfg.experiment_name / cfg.run_name
 
 
 def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     """Train in `run_dir` (Hydra's output directory; default output_root/experiment_name/run_name).
-    Returns the last step's metrics (empty if the run had already finished)."""
+    Returns the last step's metrics (empty if the run had already finished). The door: `cfg` (the
+    composed DictConfig) is validated, its precision resolved, and from here on the run holds it
+    as one typed, frozen RunConfig (a3po.run_config); the caller's `cfg` is not changed."""
     validate_config(cfg)  # before anything heavy loads
     validate_world(cfg, launched_world())
     device = resolve_device(cfg.device)
     # The resolved precision is what the run records (config.yaml, wandb, run name): `auto`
-    # may mean bf16 on one machine and fp32 on another, and those are different runs.
-    cfg.precision = resolve_precision(cfg.get("precision", "auto"), device, cfg.model.get("dtype", "float32"))
+    # may mean bf16 on one machine and fp32 on another, and those are different runs. Set on a
+    # copy before anything reads the name, whose identity interpolates it.
+    cfg = copy.deepcopy(cfg)
+    cfg.precision = resolve_precision(cfg.precision, device, cfg.model.dtype)
+    cfg = RunConfig.of(cfg)
     validate_resolved(cfg)
     # Will it fit? Before the run directory is claimed and any weight loads, so a config too large
     # for the machine stops in seconds with a config error instead of the OOM killer's exit 137.
@@ -73,7 +80,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
         close_distributed(dist)
 
 
-def _run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: DistInfo) -> dict[str, Any]:
+def _run(cfg: RunConfig, run_dir: Path, device: torch.device, dist: DistInfo) -> dict[str, Any]:
     checkpoint, verdict = open_run_dir(cfg, run_dir, dist)
     if verdict["finished"]:
         log.info("%s already finished (%d steps); nothing to do", run_dir, cfg.train.total_steps)
@@ -92,7 +99,7 @@ def _run(cfg: DictConfig, run_dir: Path, device: torch.device, dist: DistInfo) -
     if verdict["resume_step"] is not None:
         log.info("resuming %s from step %d", run_dir, start_step)
     parts.sync(start_step)
-    warmup_seconds = warm_up(parts) if cfg.train.get("warmup", True) else None
+    warmup_seconds = warm_up(parts) if cfg.train.warmup else None
     logger = MetricsLogger(run_dir, cfg, start_step, pending=pending) if dist.is_main else None
     try:
         return train_loop(parts, logger, start_step, verdict["wall_time"] + (warmup_seconds or 0.0), warmup_seconds)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from a3po.run_config import RunConfig
 from a3po.run.memory_model import (BASELINE_BYTES, BF16_CPU_BYTES_PER_POSITION, DECODE_VOCAB_BYTES, GIB, HEAP_SLACK,
                                    MMAP_THRESHOLD_MAX, PREFILL_ATTENTION_BYTES, SAMPLE_BYTES, SMALL_ALLOCATION,
                                    Architecture, Estimate, Part, format_bytes)
@@ -108,7 +109,7 @@ def _vllm_parts(cfg: Any, arch: Architecture, weight_bytes: int, *, separate: bo
     if separate:
         parts.append(Part("rollout policy copy (host)", arch.n_params * weight_bytes, ("rollout.device", "model"),
                           "always", "cpu", f"{arch.n_params:,} params x {weight_bytes} B"))
-    dtype = rollout.get("dtype") or ("bfloat16" if precision == "bf16" else cfg.model.get("dtype", "float32"))
+    dtype = rollout.dtype or ("bfloat16" if precision == "bf16" else cfg.model.dtype)
     vllm_weight_bytes = weight_bytes if dtype == "auto" else _dtype_bytes(dtype)
     if cfg.runtime.name == "async":
         staged = (arch.n_params + (arch.lm_head_params if arch.tie_word_embeddings else 0)) * vllm_weight_bytes
@@ -117,12 +118,12 @@ def _vllm_parts(cfg: Any, arch: Architecture, weight_bytes: int, *, separate: bo
                           f"one copy of the state dict in vLLM's {vllm_weight_bytes}-byte dtype (a tied weight twice)",
                           tensor=layer_tensor(arch, vllm_weight_bytes)))
     if device.startswith("cuda"):
-        share = float(rollout.get("gpu_memory_utilization", 0.5))
+        share = float(rollout.gpu_memory_utilization)
         total = int(share * (device_total or 0))
         parts.append(Part("vLLM weights and KV cache", total, ("rollout.gpu_memory_utilization",), "always", device,
                           f"{share} x the device's {format_bytes(device_total or 0)}"))
         return parts
-    gib = float(rollout.get("cpu_kv_cache_gib", 1))
+    gib = float(rollout.cpu_kv_cache_gib)
     parts.append(Part("vLLM weights", arch.n_params * vllm_weight_bytes, ("rollout.name", "rollout.dtype", "model"),
                       "always", device, f"{arch.n_params:,} params x {vllm_weight_bytes} B"))
     parts.append(Part("vLLM KV cache", int(gib * GIB), ("rollout.cpu_kv_cache_gib",), "always", device, f"{gib} GiB"))
@@ -156,8 +157,9 @@ def estimate_memory(cfg: Any, arch: Architecture, *, prompt_tokens: int, trainer
     the other ranks' processes where they share the host); `device_total`: the rollout GPU's
     memory, for vLLM's share of it; `mmap_threshold`: glibc's, as the run will set it
     (a3po.allocator), which decides what the heap keeps between phases."""
+    cfg = RunConfig.of(cfg)  # typed (as is when it already is)
     rollout_device = rollout_device or trainer_device
-    model_dtype = cfg.model.get("dtype", "float32")
+    model_dtype = cfg.model.dtype
     weight_bytes = _dtype_bytes(model_dtype)
     cast_bf16 = cfg.precision == "bf16" and model_dtype == "float32"
     compute = 2 if cfg.precision == "bf16" or weight_bytes == 2 else 4
@@ -178,8 +180,8 @@ def estimate_memory(cfg: Any, arch: Architecture, *, prompt_tokens: int, trainer
                                 world=world, token_budget=train.token_budget, sequence=sequence)
     shape = TrainShape(rows=rows, sequence=sequence, response=cfg.rollout.max_new_tokens, compute=compute,
                        cast_bf16=cast_bf16, eager=eager_attention, world=world, weight_bytes=weight_bytes,
-                       checkpointing=bool(train.get("activation_checkpointing", False)),
-                       fsdp_mixed=bool(train.get("fsdp_mixed_precision", False)))
+                       checkpointing=train.activation_checkpointing,
+                       fsdp_mixed=train.fsdp_mixed_precision)
     parts += train_parts(arch, shape, trainer_device)
     parts += heap_slack(parts)
     if world > 1 and trainer_device == "cpu":
@@ -206,12 +208,12 @@ def _hf_rollout(cfg: Any, arch: Architecture, prompt_tokens: int, compute: int, 
     """The training rollout's decode loop, or the eval's where it holds more rows (the eval
     samples `train.eval_size` prompts once each); bf16 on a CPU, its kernels per position."""
     train, rollout = cfg.train, cfg.rollout
-    batch_size = rollout.get("batch_size")
+    batch_size = rollout.batch_size
     chosen = rollout_parts(arch, rows=_rows(train.n_prompts * train.n_samples, batch_size), prompt=prompt_tokens,
                            new_tokens=rollout.max_new_tokens, compute=compute, device=device, samples=train.n_samples,
                            keys=("train.n_prompts", "train.n_samples", "rollout.batch_size", "rollout.max_new_tokens"))
     if train.eval_every:
-        eval_samples = int(train.get("eval_samples", 1))
+        eval_samples = train.eval_samples
         evaluation = rollout_parts(arch, rows=_rows(train.eval_size * eval_samples, batch_size), prompt=prompt_tokens,
                                    new_tokens=rollout.max_new_tokens, compute=compute, device=device,
                                    keys=("train.eval_size", "train.eval_samples", "rollout.batch_size",
@@ -230,7 +232,7 @@ def _held_batches(cfg: Any, prompt_tokens: int, concurrent: bool) -> Part:
     """The batches the runtime holds: the lagged one D + 1, the async one up to its staleness
     bound plus the one in training."""
     train = cfg.train
-    held = cfg.runtime.get("max_staleness", cfg.staleness) + 2 if concurrent else cfg.staleness + 1
+    held = cfg.runtime.max_staleness + 2 if concurrent else cfg.staleness + 1
     per_sample = SAMPLE_BYTES + 8 * prompt_tokens + 20 * cfg.rollout.max_new_tokens
     return Part("rollout batches held", held * train.n_prompts * train.n_samples * per_sample,
                 ("train.n_prompts", "train.n_samples", "staleness"), "always", "cpu",

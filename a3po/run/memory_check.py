@@ -5,6 +5,7 @@ give, and the verdict. `python -m a3po.run.memory_check [overrides]` prints the 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -12,10 +13,10 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from a3po.cfg_access import cfg_get, plain
 from a3po.config import memory_check_mode
 from a3po.errors import ConfigError
 from a3po.run.memory import estimate_memory
+from a3po.run_config import ModelConfig, RunConfig, TaskConfig
 from a3po.run.memory_model import PUBLISHED_CONFIGS, SMOLLM2_135M, Architecture, Estimate, Part, architecture_from, format_bytes
 
 __all__ = ["architecture_of", "longest_prompt_tokens", "available_memory", "host_available", "parse_meminfo",
@@ -34,7 +35,8 @@ def architecture_of(model_cfg: Any) -> tuple[Architecture | None, str]:
     from a3po.models.smollm2 import is_converted
     from a3po.models.tiny import TINY_SIZE_KEYS
 
-    source = cfg_get(model_cfg, "source")
+    model_cfg = ModelConfig.of(model_cfg, "model")
+    source = model_cfg.source
     if source in ("tiny", "smollm2_gguf"):
         cache = smollm2_cache_dir()
         converted = is_converted(cache)
@@ -43,9 +45,9 @@ def architecture_of(model_cfg: Any) -> tuple[Architecture | None, str]:
         if source == "smollm2_gguf":
             return architecture_from(smollm2), where
         # a3po.models.tiny: the given sizes, SmolLM2's tokenizer (its vocabulary), a tied output layer
-        sizes = {key: cfg_get(model_cfg, key) for key in TINY_SIZE_KEYS}
+        sizes = {key: getattr(model_cfg, key) for key in TINY_SIZE_KEYS}
         return architecture_from({**sizes, "vocab_size": smollm2["vocab_size"], "tie_word_embeddings": True}), "model.*"
-    path = os.path.expanduser(str(cfg_get(model_cfg, "path")))
+    path = os.path.expanduser(str(model_cfg.path))
     from transformers import AutoConfig
 
     try:  # a local copy or the hub's cache first: no network wait on an offline machine
@@ -76,15 +78,14 @@ def _longest_question(task_cfg: Any) -> str | None:
     from a3po.tasks import build_task
     from a3po.tasks.arith import level_problems
 
-    name = cfg_get(task_cfg, "name")
+    task_cfg = TaskConfig.of(task_cfg, "task")
+    name = task_cfg.name
     if name == "arith":
-        return max((p.question for p in level_problems(cfg_get(task_cfg, "level", 1))), key=len)
+        return max((p.question for p in level_problems(task_cfg.level)), key=len)
     if name == "words":
-        from a3po.tasks.words import OPERATIONS, check_operations, word_problems
-
-        operations = check_operations(cfg_get(task_cfg, "operations", OPERATIONS))
-        return max((p.question for p in word_problems(operations)), key=len)
-    if name == "gsm8k" and cfg_get(task_cfg, "path"):
+        from a3po.tasks.words import check_operations, word_problems
+        return max((p.question for p in word_problems(check_operations(task_cfg.operations))), key=len)
+    if name == "gsm8k" and task_cfg.path:
         task = build_task(task_cfg, seed=0)
         problems = [*task.train, *task.held_out]
         return max((p.question for p in problems), key=len) if problems else None
@@ -98,8 +99,9 @@ def _tokenizer_of(model_cfg: Any):
     from a3po.models import smollm2_cache_dir
     from a3po.models.smollm2 import is_converted
 
-    source = cfg_get(model_cfg, "source")
-    path = smollm2_cache_dir() if source in ("tiny", "smollm2_gguf") else Path(os.path.expanduser(str(cfg_get(model_cfg, "path"))))
+    model_cfg = ModelConfig.of(model_cfg, "model")
+    source = model_cfg.source
+    path = smollm2_cache_dir() if source in ("tiny", "smollm2_gguf") else Path(os.path.expanduser(str(model_cfg.path)))
     if source != "hub" and not is_converted(path):
         return None
     try:
@@ -114,7 +116,8 @@ def longest_prompt_tokens(task_cfg: Any, model_cfg: Any) -> tuple[int, str]:
     where the tokenizer is on this machine, else a bound (`TEMPLATE_TOKENS_BOUND` plus a token
     per character; GSM8K from the hub: `GSM8K_QUESTION_TOKENS_BOUND`). Remembered per (task,
     model): a test suite or a sweep in one process starts many runs of one task and model."""
-    return _longest_prompt_tokens(json.dumps(plain(task_cfg), sort_keys=True), json.dumps(plain(model_cfg), sort_keys=True))
+    task, model = (dataclasses.asdict(spec.of(group)) for spec, group in ((TaskConfig, task_cfg), (ModelConfig, model_cfg)))
+    return _longest_prompt_tokens(json.dumps(task, sort_keys=True), json.dumps(model, sort_keys=True))
 
 
 @functools.lru_cache(maxsize=16)
@@ -209,8 +212,6 @@ def available_memory(device: str) -> tuple[int, str]:
     return host_available()
 
 
-
-
 # --- the check -------------------------------------------------------------------------------------
 def _part_line(part: Part) -> str:
     keys = f" ({', '.join(part.keys)})" if part.keys else ""
@@ -270,7 +271,8 @@ def check_memory(cfg: Any, trainer_device: Any, world: int = 1, is_main: bool = 
     `memory_check=off`. Returns the estimate (None where it was skipped). A rank other than
     rank 0 (`is_main`) holds no rollout: it checks its own device and the host only, and never
     opens a CUDA context on the rollout's GPU by asking it for its free memory."""
-    mode = memory_check_mode(cfg.get("memory_check", "error"))
+    cfg = RunConfig.of(cfg)  # typed (as is when it already is)
+    mode = memory_check_mode(cfg.memory_check)
     if mode == "off":
         return None
     arch, source = architecture_of(cfg.model)

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import torch
 
 from a3po.run.memory import estimate_memory
+from a3po.run_config import RunConfig
 from a3po.run.memory_check import architecture_of, estimate_run, longest_prompt_tokens, verdict
 from a3po.run.memory_model import GIB, Architecture, Estimate
 
@@ -38,10 +39,9 @@ def planned_estimate(cfg: Any, arch: Architecture, *, gpu_bytes: int, world: int
     from a3po.allocator import MMAP_THRESHOLD
     from a3po.models.loading import attn_implementation
 
-    if cfg.precision == "auto":
-        cfg.precision = "bf16"
+    cfg = RunConfig.of(cfg, **({"precision": "bf16"} if cfg.precision == "auto" else {}))
     trainer = _planned_device(cfg.device, "cuda:0")
-    rollout = _planned_device(cfg.rollout.get("device"), trainer)
+    rollout = _planned_device(cfg.rollout.device, trainer)
     prompt, _ = longest_prompt_tokens(cfg.task, cfg.model)
     return estimate_memory(cfg, arch, prompt_tokens=prompt, trainer_device=trainer, rollout_device=rollout,
                            world=world, device_total=gpu_bytes,
@@ -82,15 +82,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         from a3po.device import resolve_device, resolve_precision
 
         device = resolve_device(cfg.device)
-        cfg.precision = resolve_precision(cfg.get("precision", "auto"), device, cfg.model.get("dtype", "float32"))
+        cfg = RunConfig.of(cfg, precision=resolve_precision(cfg.precision, device, cfg.model.dtype))
         estimate, level, message = estimate_run(cfg, arch, device), "ok", None
+        precision = cfg.precision
     else:
         host = int(args.host_memory_gib * GIB) if args.host_memory_gib else None
         estimate, level, message = plan(cfg, arch, gpu_bytes=int(args.gpu_memory_gib * GIB), world=args.world,
                                         host_bytes=host)
+        precision = "bf16" if cfg.precision == "auto" else cfg.precision  # as planned_estimate plans it
     prompt, how = longest_prompt_tokens(cfg.task, cfg.model)
     print(f"architecture: {source}; {arch.n_params:,} params; longest prompt {prompt} tokens ({how}); "
-          f"precision {cfg.precision}; world {args.world}")
+          f"precision {precision}; world {args.world}")
     for name in estimate.devices():
         print(f"\n[{name}]\n{estimate.table(name)}")
     if message:

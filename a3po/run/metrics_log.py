@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from a3po.run_config import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +65,12 @@ def jsonable(record: dict[str, Any]) -> dict[str, Any]:
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: Path, cfg: DictConfig, start_step: int, pending: dict[str, Any] | None = None) -> None:
+    def __init__(self, run_dir: Path, cfg: RunConfig, start_step: int, pending: dict[str, Any] | None = None) -> None:
         """Keeps the lines of steps before `start_step`. `pending` is the record the resume
         checkpoint carries (the step it was written after): a run that died between writing
         the checkpoint and logging that step gets the line back, with its checkpoint time
         unknown (null)."""
+        cfg = RunConfig.of(cfg)  # typed (as is when it already is)
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         kept = [r for r in read_metrics(self.path) if r.get("step", math.inf) < start_step]
@@ -87,7 +88,7 @@ class MetricsLogger:
                 project=cfg.logger.project, entity=cfg.logger.entity, mode=cfg.logger.mode,
                 id=wandb_run_id(cfg.experiment_name, cfg.run_name), name=cfg.run_name,
                 group=cfg.experiment_name, resume="allow", dir=str(run_dir),
-                config=OmegaConf.to_container(cfg, resolve=True),
+                config=dict(cfg.resolved),
             )
 
     def log(self, record: dict[str, Any]) -> None:

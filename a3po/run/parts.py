@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 
 from a3po.device import resolve_device
 from a3po.learner.trainer import Trainer
 from a3po.rollout.producer import RolloutProducer
+from a3po.run_config import RunConfig
 from a3po.distributed import DistInfo, full_state_dict
 from a3po.timer import PhaseTimer
 
@@ -52,7 +52,7 @@ class WeightSync:
 class RunParts:
     """What the loop drives. `engine`, `producer` and `runtime` are None on ranks > 0."""
 
-    cfg: DictConfig
+    cfg: RunConfig
     run_dir: Path
     dist: DistInfo
     timer: PhaseTimer
@@ -70,9 +70,9 @@ class RunParts:
             self.engine.close()
 
 
-def rollout_device(cfg: DictConfig, trainer_device: torch.device) -> torch.device:
+def rollout_device(cfg: RunConfig, trainer_device: torch.device) -> torch.device:
     """`rollout.device`, or the trainer's (rank 0's) device when null."""
-    name = cfg.rollout.get("device")
+    name = cfg.rollout.device
     if name is None:
         return trainer_device
     device = resolve_device(name, key="rollout.device")
@@ -80,7 +80,7 @@ def rollout_device(cfg: DictConfig, trainer_device: torch.device) -> torch.devic
     return trainer_device if same else device  # `cuda` and `cuda:0` are one device: no copy for it
 
 
-def needs_own_policy(cfg: DictConfig, on_device: torch.device, trainer_device: torch.device, world: int) -> bool:
+def needs_own_policy(cfg: RunConfig, on_device: torch.device, trainer_device: torch.device, world: int) -> bool:
     """Whether the rollout side holds a policy of its own (filled by each weight sync) instead of
     the trainer's module: under torchrun, on another device, or for a vLLM child process, which
     receives its weights through host shared memory (a3po.rollout.vllm_child)."""
@@ -91,7 +91,7 @@ def needs_own_policy(cfg: DictConfig, on_device: torch.device, trainer_device: t
     return cfg.rollout.name == "vllm" and vllm_placement(on_device, trainer_device, world)[0] == "child"
 
 
-def build_runtime(cfg: DictConfig, produce: RolloutProducer, engine, step_timer: PhaseTimer):
+def build_runtime(cfg: RunConfig, produce: RolloutProducer, engine, step_timer: PhaseTimer):
     """The lagged runtime calls `produce` in the training thread; the async one in its own,
     with the producer's private timer charged back to `step_timer` per batch."""
     if cfg.runtime.name == "lagged":
@@ -102,10 +102,10 @@ def build_runtime(cfg: DictConfig, produce: RolloutProducer, engine, step_timer:
 
     return AsyncRuntime(produce, total_steps=cfg.train.total_steps, max_staleness=cfg.runtime.max_staleness,
                         batch_size=cfg.train.n_prompts, engine=engine, rollout_timer=produce.timer,
-                        step_timer=step_timer, shutdown_timeout_s=cfg.runtime.get("shutdown_timeout_s", 120.0))
+                        step_timer=step_timer, shutdown_timeout_s=cfg.runtime.shutdown_timeout_s)
 
 
-def build_parts(cfg: DictConfig, run_dir: Path, device: torch.device, dist: DistInfo) -> RunParts:
+def build_parts(cfg: RunConfig, run_dir: Path, device: torch.device, dist: DistInfo) -> RunParts:
     """The task first (a bad data file fails in a second, not after the model loads), then the
     same weights on every rank, then rank 0's rollout side: from its own copy of the policy
     unless it can share the trainer's module."""
@@ -126,7 +126,7 @@ def build_parts(cfg: DictConfig, run_dir: Path, device: torch.device, dist: Dist
         rollout_policy = load_policy(cfg.model, device=on_device if cfg.rollout.name == "hf" else "cpu",
                                      seed=cfg.seed)[0]  # the trainer's requires_grad flags: see HFCopyEngine
     engine = build_engine(cfg.rollout, rollout_policy, tokenizer, on_device, concurrent=concurrent,
-                          interruptible=bool(cfg.runtime.get("interruptible", False)), precision=cfg.precision,
+                          interruptible=concurrent and cfg.runtime.interruptible, precision=cfg.precision,
                           trainer_device=device, world=dist.world,
                           max_sequences=max(cfg.train.n_prompts * cfg.train.n_samples, cfg.train.eval_size))
     # Rollout in another thread times itself on a timer of its own (see build_runtime).

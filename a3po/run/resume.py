@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
 
 from a3po.errors import ConfigError
 from a3po.run.checkpoint import load_checkpoint, remove_checkpoint, save_checkpoint
 from a3po.seeds import rng_state, set_rng_state
+from a3po.run_config import RunConfig
 from a3po.distributed import DistInfo, broadcast_object, full_optimizer_state_dict, full_state_dict, load_full_state
 from a3po.run.health import DIVERGED_MARKER, read_divergence
 from a3po.run.parts import RunParts
@@ -24,13 +24,13 @@ __all__ = ["open_run_dir", "restore", "save_resume_state", "finish"]
 log = logging.getLogger(__name__)
 
 
-def open_run_dir(cfg: DictConfig, run_dir: Path, dist: DistInfo) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+def open_run_dir(cfg: RunConfig, run_dir: Path, dist: DistInfo) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """Rank 0 claims the run directory and reads its checkpoint; every rank gets the verdict
     (finished? diverged? resuming from which step?), and a ConfigError raises on every rank alike."""
     checkpoint, verdict = None, None
     if dist.is_main:
         try:
-            claim_run_dir(run_dir, cfg)
+            claim_run_dir(run_dir, cfg.resolved)
             checkpoint = load_checkpoint(run_dir)
             _check_world(run_dir, checkpoint, dist)
             verdict = {"finished": _already_finished(run_dir, checkpoint, cfg.train.total_steps),

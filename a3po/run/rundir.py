@@ -32,11 +32,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from a3po.errors import ConfigError
 from a3po.identity import DERIVED_KEYS, EXTENSIBLE_KEY, LEGACY_VALUES, MOVED_KEYS, RESULT_NEUTRAL_KEYS
 from a3po.run.lock import lock_run_dir, release_run_dir
+from a3po.schema import as_plain
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +98,9 @@ def clear_run(run_dir: Path) -> None:
         shutil.rmtree(run_dir / name, ignore_errors=True)
 
 
-def claim_run_dir(run_dir: Path, cfg: DictConfig) -> None:
-    """Lock `run_dir` for this process, check that it is empty or holds this config's run,
-    then write config.yaml.
+def claim_run_dir(run_dir: Path, config: Mapping[str, Any]) -> None:
+    """Lock `run_dir` for this process, check that it is empty or holds the run of `config` (the
+    resolved config as plain Python: a3po.run_config.RunConfig.resolved), then write config.yaml.
 
     The lock comes first (`lock_run_dir`): a directory in use by another process raises
     ConfigError naming that process before anything is compared, deleted or written. Then a
@@ -111,25 +112,25 @@ def claim_run_dir(run_dir: Path, cfg: DictConfig) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     lock_run_dir(run_dir)
     try:
-        _check_and_write_config(run_dir, cfg)
+        _check_and_write_config(run_dir, config)
     except ConfigError:
         release_run_dir(run_dir)
         raise
 
 
-def _check_and_write_config(run_dir: Path, cfg: DictConfig) -> None:
-    new = OmegaConf.to_container(cfg, resolve=True)
+def _check_and_write_config(run_dir: Path, config: Mapping[str, Any]) -> None:
+    new = as_plain(config)
     path = run_dir / "config.yaml"
     if path.exists():
         old = yaml.safe_load(path.read_text()) or {}
         diffs = config_differences(old, new)
-        if diffs and cfg.get("on_config_change", "error") == "restart":
+        if diffs and new.get("on_config_change", "error") == "restart":  # a record, not the run's config
             log.warning("on_config_change=restart: deleting the run in %s (%d keys differ)", run_dir, len(diffs))
             clear_run(run_dir)
         elif diffs:
             raise ConfigError(_conflict_message(run_dir, diffs))
     tmp = path.with_suffix(".yaml.tmp")
-    tmp.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    tmp.write_text(OmegaConf.to_yaml(new))  # OmegaConf's YAML, as every earlier config.yaml was written
     os.replace(tmp, path)
 
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from a3po.cfg_access import cfg_get
 from a3po.errors import ConfigError
+from a3po.run_config import TaskConfig
 from a3po.tasks.arith import LEVELS, ArithTask
 from a3po.tasks.base import ANSWER_INSTRUCTION, Problem, RewardResult, Task, encode_prompt, render_prompt
-from a3po.tasks.gsm8k import DEFAULT_HUB_CONFIG, DEFAULT_HUB_ID, GSM8KTask, local_path_missing
-from a3po.tasks.splits import DEFAULT_HELD_OUT_FRACTION
-from a3po.tasks.words import OPERATIONS, WordsTask, check_operations
+from a3po.tasks.gsm8k import GSM8KTask, local_path_missing
+from a3po.tasks.words import WordsTask, check_operations
 
 __all__ = [
     "ANSWER_INSTRUCTION",
@@ -25,52 +24,43 @@ __all__ = [
 ]
 
 
-def _held_out_fraction(task_cfg: Any) -> float:
-    return cfg_get(task_cfg, "held_out_fraction", DEFAULT_HELD_OUT_FRACTION)
+def _build_arith(task_cfg: TaskConfig, seed: int) -> ArithTask:
+    return ArithTask(level=task_cfg.level, seed=seed, held_out_fraction=task_cfg.held_out_fraction)
 
 
-def _build_arith(task_cfg: Any, seed: int) -> ArithTask:
-    return ArithTask(
-        level=cfg_get(task_cfg, "level", 1), seed=seed, held_out_fraction=_held_out_fraction(task_cfg)
-    )
+def _build_gsm8k(task_cfg: TaskConfig, seed: int) -> GSM8KTask:
+    return GSM8KTask(seed=seed, path=task_cfg.path, hub_id=task_cfg.hub_id, hub_config=task_cfg.hub_config,
+                     held_out_fraction=task_cfg.held_out_fraction)
 
 
-def _build_gsm8k(task_cfg: Any, seed: int) -> GSM8KTask:
-    return GSM8KTask(
-        seed=seed,
-        path=cfg_get(task_cfg, "path"),
-        hub_id=cfg_get(task_cfg, "hub_id", DEFAULT_HUB_ID),
-        hub_config=cfg_get(task_cfg, "hub_config", DEFAULT_HUB_CONFIG),
-        held_out_fraction=_held_out_fraction(task_cfg),
-    )
+def _build_words(task_cfg: TaskConfig, seed: int) -> WordsTask:
+    return WordsTask(operations=tuple(task_cfg.operations), seed=seed, held_out_fraction=task_cfg.held_out_fraction)
 
 
-def _build_words(task_cfg: Any, seed: int) -> WordsTask:
-    return WordsTask(operations=tuple(cfg_get(task_cfg, "operations", OPERATIONS)), seed=seed,
-                     held_out_fraction=_held_out_fraction(task_cfg))
-
-
-TASKS: dict[str, Callable[[Any, int], Task]] = {"arith": _build_arith, "gsm8k": _build_gsm8k, "words": _build_words}
+TASKS: dict[str, Callable[[TaskConfig, int], Task]] = {"arith": _build_arith, "gsm8k": _build_gsm8k,
+                                                        "words": _build_words}
 
 
 def validate_task_cfg(task_cfg: Any) -> None:
-    """The checks that need no data, so a bad config fails before the model loads."""
-    name = cfg_get(task_cfg, "name")
+    """The checks that need no data, so a bad config fails before the model loads. `task_cfg`: a
+    TaskConfig, or a mapping of its keys."""
+    task_cfg = TaskConfig.of(task_cfg, "task")
+    name = task_cfg.name
     if name not in TASKS:
         raise ConfigError(f"task.name={name!r} is not a known task; allowed: {sorted(TASKS)}")
-    fraction = _held_out_fraction(task_cfg)
+    fraction = task_cfg.held_out_fraction
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
         raise ConfigError(
             f"task.held_out_fraction={fraction!r}: must be a number strictly between 0 and 1"
         )
     if name == "arith":
-        level = cfg_get(task_cfg, "level", 1)
+        level = task_cfg.level
         if level not in LEVELS:
             raise ConfigError(f"task.level={level!r} is not a level; allowed: {sorted(LEVELS)}")
     if name == "words":
-        check_operations(cfg_get(task_cfg, "operations", OPERATIONS))
+        check_operations(task_cfg.operations)
     if name == "gsm8k":
-        path = cfg_get(task_cfg, "path")
+        path = task_cfg.path
         if path is not None and (not isinstance(path, str) or not path):
             raise ConfigError(f"task.path={path!r}: must be null (use the hub) or a local path")
         if local_path_missing(path):
@@ -81,5 +71,7 @@ def validate_task_cfg(task_cfg: Any) -> None:
 
 
 def build_task(task_cfg: Any, seed: int) -> Task:
+    """The task `task_cfg` (a TaskConfig, or a mapping of its keys) names, validated first."""
+    task_cfg = TaskConfig.of(task_cfg, "task")
     validate_task_cfg(task_cfg)
-    return TASKS[cfg_get(task_cfg, "name")](task_cfg, seed)
+    return TASKS[task_cfg.name](task_cfg, seed)

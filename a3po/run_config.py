@@ -1,0 +1,131 @@
+"""The run's config as frozen, typed objects, built once at the door (`a3po.config.typed_config`)
+and passed down: no DictConfig, no `.get(key, default)` below `a3po/run/main.py`. The fixed
+groups are a3po.schema's dataclasses; here are the rest: the model and the task (validated by
+their own packages), an ablation axis's chosen entry with its parameters, and the whole run.
+Each default lives once, in these fields (the YAML mirrors it: tests/test_schema.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from a3po.errors import ConfigError
+from a3po.schema import (AsyncRuntime, Group, LaggedRuntime, LoggerConfig, RolloutConfig, TrainConfig, VLLMRolloutConfig,
+                         as_plain)
+
+__all__ = ["ModelConfig", "TaskConfig", "Choice", "RunConfig", "ROLLOUT_SCHEMAS", "RUNTIMES", "rollout_of"]
+
+RUNTIMES = {"lagged": LaggedRuntime, "async": AsyncRuntime}
+ROLLOUT_SCHEMAS = {"hf": RolloutConfig, "vllm": VLLMRolloutConfig}
+
+
+@dataclass(frozen=True)
+class ModelConfig(Group):
+    """`model.*` (conf/model/*.yaml); the sizes are the tiny builder's (source `tiny`)."""
+
+    name: str = "tiny"
+    source: str = "tiny"
+    path: str | None = None
+    attn_implementation: str | None = None
+    dtype: str = "float32"
+    hidden_size: int | None = None
+    intermediate_size: int | None = None
+    num_hidden_layers: int | None = None
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+
+
+@dataclass(frozen=True)
+class TaskConfig(Group):
+    """`task.*` (conf/task/*.yaml): each task reads its own keys."""
+
+    name: str = "arith"
+    level: Any = 1
+    operations: Any = ("add", "sub", "mul")
+    path: Any = None
+    hub_id: str = "openai/gsm8k"
+    hub_config: str = "main"
+    held_out_fraction: Any = 0.2
+
+
+@dataclass(frozen=True)
+class Choice:
+    """An ablation axis's chosen entry (`algo`, `schedule`, `correction`, `objective`): its name and
+    parameters, as the axis's spec checks them (a3po.maths.spec)."""
+
+    name: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, group: Any) -> "Choice":
+        if isinstance(group, cls):
+            return group
+        values = as_plain(group)
+        return cls(str(values.pop("name")), values)
+
+    def as_dict(self) -> dict[str, Any]:
+        """`{"name": ..., **params}`: the group as the maths' checks take it."""
+        return {"name": self.name, **self.params}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One run's config, resolved (`precision` too) and typed. `resolved` is the whole config as
+    plain Python, for what records it (config.yaml, wandb) and compares it (a resume)."""
+
+    experiment_name: str
+    run_name: str
+    seed: int
+    staleness: int
+    device: str
+    precision: str
+    output_root: str
+    on_config_change: str
+    memory_check: Any
+    algo: Choice
+    schedule: Choice
+    correction: Choice
+    objective: Choice
+    model: ModelConfig
+    task: TaskConfig
+    rollout: RolloutConfig | VLLMRolloutConfig
+    runtime: LaggedRuntime | AsyncRuntime
+    logger: LoggerConfig
+    train: TrainConfig
+    resolved: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, cfg: Any, **replaced: Any) -> "RunConfig":
+        """From a composed config (an OmegaConf node or plain mapping), with `replaced` top-level
+        values (the resolved `precision`); a RunConfig is returned as is, with those replaced. A
+        config without a task group (the benchmark's) gets TaskConfig's defaults."""
+        if isinstance(cfg, cls):
+            return dataclasses.replace(cfg, **replaced) if replaced else cfg
+        plain = {**as_plain({k: cfg[k] for k in cfg if k != "hydra"}), **replaced}
+        rollout, runtime = plain["rollout"], plain["runtime"]
+        return cls(
+            experiment_name=plain["experiment_name"], run_name=plain["run_name"], seed=plain["seed"],
+            staleness=plain["staleness"], device=plain["device"], precision=plain["precision"],
+            output_root=plain["output_root"], on_config_change=plain["on_config_change"],
+            memory_check=plain["memory_check"],
+            algo=Choice.of(plain["algo"]), schedule=Choice.of(plain["schedule"]),
+            correction=Choice.of(plain["correction"]), objective=Choice.of(plain["objective"]),
+            model=ModelConfig.of(plain["model"], "model"), task=TaskConfig.of(plain.get("task", {}), "task"),
+            rollout=rollout_of(rollout), runtime=RUNTIMES[runtime["name"]].of(runtime, "runtime"),
+            logger=LoggerConfig.of(plain["logger"], "logger"), train=TrainConfig.of(plain["train"], "train"),
+            resolved=plain)
+
+
+def rollout_of(group: Any) -> RolloutConfig | VLLMRolloutConfig:
+    """`rollout` as its engine's schema (as is when it already is one), from the chosen engine's
+    keys only: an experiment may set another engine's, which validation tolerates (a3po.config)."""
+    if isinstance(group, (RolloutConfig, VLLMRolloutConfig)):
+        return group
+    values = as_plain(group)
+    if values.get("name") not in ROLLOUT_SCHEMAS:
+        raise ConfigError(f"rollout.name={values.get('name')!r} is not allowed; allowed: {sorted(ROLLOUT_SCHEMAS)}")
+    schema = ROLLOUT_SCHEMAS[values["name"]]
+    names = {f.name for f in dataclasses.fields(schema)}
+    return schema(**{k: v for k, v in values.items() if k in names})
