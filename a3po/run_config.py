@@ -100,22 +100,25 @@ class RunConfig:
     def of(cls, cfg: Any, **replaced: Any) -> "RunConfig":
         """From a composed config (an OmegaConf node or plain mapping), with `replaced` top-level
         values (the resolved `precision`); a RunConfig is returned as is, with those replaced. A
-        config without a task group (the benchmark's) gets TaskConfig's defaults."""
+        partial config (a test's, the benchmark's without a task) takes conf/config.yaml's
+        top-level values (`TOP_LEVEL`) and the groups' defaults where it has none; the axes,
+        model, rollout and train groups it must have."""
         if isinstance(cfg, cls):
             return dataclasses.replace(cfg, **replaced) if replaced else cfg
-        plain = {**as_plain({k: cfg[k] for k in cfg if k != "hydra"}), **replaced}
-        rollout, runtime = plain["rollout"], plain["runtime"]
-        return cls(
-            experiment_name=plain["experiment_name"], run_name=plain["run_name"], seed=plain["seed"],
-            staleness=plain["staleness"], device=plain["device"], precision=plain["precision"],
-            output_root=plain["output_root"], on_config_change=plain["on_config_change"],
-            memory_check=plain["memory_check"],
-            algo=Choice.of(plain["algo"]), schedule=Choice.of(plain["schedule"]),
-            correction=Choice.of(plain["correction"]), objective=Choice.of(plain["objective"]),
-            model=ModelConfig.of(plain["model"], "model"), task=TaskConfig.of(plain.get("task", {}), "task"),
-            rollout=rollout_of(rollout), runtime=RUNTIMES[runtime["name"]].of(runtime, "runtime"),
-            logger=LoggerConfig.of(plain["logger"], "logger"), train=TrainConfig.of(plain["train"], "train"),
-            resolved=plain)
+        plain = {**TOP_LEVEL, **as_plain({k: cfg[k] for k in cfg if k != "hydra"}), **replaced}
+        runtime = plain.get("runtime", {"name": "lagged"})
+        return cls(**{key: plain[key] for key in TOP_LEVEL},
+                   algo=Choice.of(plain["algo"]), schedule=Choice.of(plain["schedule"]),
+                   correction=Choice.of(plain["correction"]), objective=Choice.of(plain["objective"]),
+                   model=ModelConfig.of(plain["model"], "model"), task=TaskConfig.of(plain.get("task", {}), "task"),
+                   rollout=rollout_of(plain["rollout"]), runtime=RUNTIMES[runtime["name"]].of(runtime, "runtime"),
+                   logger=LoggerConfig.of(plain.get("logger", {}), "logger"), train=TrainConfig.of(plain["train"], "train"),
+                   resolved=plain)
+
+
+# conf/config.yaml's top-level values (tests/test_run_config.py holds them equal), for a partial config.
+TOP_LEVEL = {"experiment_name": "default", "run_name": "", "seed": 0, "staleness": 2, "device": "auto",
+             "precision": "auto", "output_root": "outputs", "on_config_change": "error", "memory_check": "error"}
 
 
 def rollout_of(group: Any) -> RolloutConfig | VLLMRolloutConfig:

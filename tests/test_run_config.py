@@ -73,3 +73,15 @@ def test_nothing_below_the_door_reads_a_dictconfig():
                      text, re.MULTILINE):
             offenders.append(name)
     assert not offenders
+
+
+def test_a_partial_configs_top_level_values_are_config_yamls(tiny_cfg):
+    from a3po.run_config import TOP_LEVEL
+
+    cfg = tiny_cfg()
+    composed = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "config.yaml"))
+    assert {key: composed[key] for key in TOP_LEVEL if key != "run_name"} == \
+        {key: value for key, value in TOP_LEVEL.items() if key != "run_name"}
+    partial = {key: cfg[key] for key in ("algo", "schedule", "correction", "objective", "model", "rollout", "train")}
+    typed = RunConfig.of(partial)
+    assert typed.runtime.name == "lagged" and typed.task == TaskConfig() and typed.seed == 0

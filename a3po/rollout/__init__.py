@@ -96,6 +96,7 @@ def sequences_in_flight(rollout_cfg, device, max_sequences: int | None):
     so a batch decodes in one wave (vLLM 0.32's own default is 256 on GPUs under 70 GiB and on
     A100s, 1,024 on H100/H200: the paper's 1,024 sequences would take four waves on an A100).
     On a CPU, or with `max_sequences` unknown, vLLM's default stays."""
+    rollout_cfg = rollout_of(rollout_cfg)
     if rollout_cfg.max_num_seqs is not None or max_sequences is None or torch.device(device).type != "cuda":
         return rollout_cfg
     return dataclasses.replace(rollout_cfg, max_num_seqs=int(max_sequences))
