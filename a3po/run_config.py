@@ -1,8 +1,9 @@
-"""The run's config as frozen, typed objects, built once at the door (`a3po.config.typed_config`)
-and passed down: no DictConfig, no `.get(key, default)` below `a3po/run/main.py`. The fixed
-groups are a3po.schema's dataclasses; here are the rest: the model and the task (validated by
-their own packages), an ablation axis's chosen entry with its parameters, and the whole run.
-Each default lives once, in these fields (the YAML mirrors it: tests/test_schema.py)."""
+"""The run's config as frozen, typed objects, built once at the door (`RunConfig.of` in
+`a3po.run.main.run`, after validation) and passed down: no DictConfig, no `.get(key, default)`
+below it. The fixed groups are a3po.schema's dataclasses (their YAML mirrors them:
+tests/test_schema.py); here are the rest: the model and the task (validated by their own
+packages; TaskConfig's defaults are the tasks' own, tests/test_run_config.py), an ablation
+axis's chosen entry with its parameters, and the whole run."""
 
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ class RunConfig:
         top-level values (`TOP_LEVEL`) and the groups' defaults where it has none; the axes,
         model, rollout and train groups it must have."""
         if isinstance(cfg, cls):
-            return dataclasses.replace(cfg, **replaced) if replaced else cfg
+            return dataclasses.replace(cfg, **replaced, resolved={**cfg.resolved, **replaced}) if replaced else cfg
         plain = {**TOP_LEVEL, **as_plain({k: cfg[k] for k in cfg if k != "hydra"}), **replaced}
         runtime = plain.get("runtime", {"name": "lagged"})
         return cls(**{key: plain[key] for key in TOP_LEVEL},
