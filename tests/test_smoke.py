@@ -200,6 +200,8 @@ def test_the_command_each_item_runs(tmp_path):
         f"output_root={w}/vllm-child-torchrun-gpu"]
     assert items["fsdp2-nccl"].command == [*TORCHRUN, "--nproc-per-node=3", "experiments/train.py", "model=tiny",
                                            "device=cuda", *SHORT, f"output_root={w}/fsdp2-nccl"]
+    assert items["fsdp2-nccl-1rank"].command == ["PY", "-m", "a3po.smoke.probes", "fsdp-one-rank",
+                                                 f"{w}/fsdp2-nccl-1rank/fsdp.json"]
     assert items["paper-shaped"].command == [
         *train, "experiment=paper_gsm8k", "model=smollm2_135m", "logger=none", "train.total_steps=2",
         "train.n_prompts=8", "train.eval_every=2", "train.eval_size=8", "train.checkpoint_every=2",
@@ -297,3 +299,19 @@ def test_the_report_table_names_the_machine():
     assert ("host node7; 2 GPU(s): NVIDIA H100 80GB HBM3 (79.2 GiB); CUDA 12.8; driver 570.1; torch 2.13.0; "
             "transformers 5.19.0; vllm 0.32.0; Python 3.12.3") in text
     assert "**passed**: 0 passed, 0 failed, 0 skipped." in text
+
+
+def test_the_one_rank_fsdp2_probe_and_its_check(tmp_path):
+    """On a CPU the probe runs over gloo: FSDP2 at world 1 equals the unwrapped model in fp32 (with
+    checkpointing too) and its bf16 gathers stay near autocast; a doctored result fails the check."""
+    out = tmp_path / "fsdp2-nccl-1rank" / "fsdp.json"
+    proc = subprocess.run([sys.executable, "-m", "a3po.smoke.probes", "fsdp-one-rank", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "MASTER_PORT": "29547"})
+    assert proc.returncode == 0, proc.stderr
+    figure = checks.fsdp_one_rank(out.parent, proc.stdout)
+    assert figure["backend"] == "gloo" and figure["fp32_max_diff"] <= 1e-6 and 0 < figure["mixed_grad_diff"] < 0.05
+    measured = json.loads(out.read_text())
+    measured["cases"][1]["max_weight_diff"] = 1e-3
+    out.write_text(json.dumps(measured))
+    with pytest.raises(SmokeFailure, match="activation checkpointing: max difference 0.001"):
+        checks.fsdp_one_rank(out.parent, "")

@@ -20,6 +20,9 @@ BEHAVE_TOLERANCE = {"fp32": 1e-3, "bf16": 0.1}
 # What a3po.rollout.vllm_child's process is called in vLLM's log lines (tests/test_distributed_async.py).
 VLLM_CHILD_MARKER = "(a3po-vllm pid="
 BENCHMARK_KEYS = ("machine", "model", "batch", "results", "derived")
+# fsdp2-nccl-1rank: fp32 FSDP2 at one rank against the unwrapped model (measured 0 on an H200);
+# bf16 gathers against autocast, as a share of the largest gradient (measured 1.6%).
+FSDP_FP32_TOLERANCE, FSDP_MIXED_SHARE = 1e-6, 0.1
 
 
 def finite(value: Any) -> bool:
@@ -88,6 +91,24 @@ def behave_logp(root: Path, output: str) -> dict[str, Any]:
                                f"tokens of {entry.get('model')}, above the tolerance {tolerance}")
         figure[f"{precision}_max_abs_diff"] = diff
     figure["tokens"] = measured[next(iter(BEHAVE_TOLERANCE))]["tokens"]
+    return figure
+
+
+def fsdp_one_rank(root: Path, output: str) -> dict[str, Any]:
+    """probes' fsdp-one-rank file: fp32 cases equal to the unwrapped model, bf16 gathers close
+    to autocast, float32 master weights."""
+    measured = json.loads((root / "fsdp.json").read_text())
+    figure: dict[str, Any] = {"backend": measured["backend"]}
+    for case in measured["cases"]:
+        mixed = "mixed" in case["case"]
+        bound = FSDP_MIXED_SHARE * case["max_grad"] if mixed else FSDP_FP32_TOLERANCE
+        worst = max(case["max_grad_diff"], 0.0 if mixed else case["max_weight_diff"])
+        if not finite(worst) or worst > bound:
+            raise SmokeFailure(f"{case['case']}: max difference {worst!r} from the unwrapped model, above {bound:.3g}")
+        key = "mixed_grad_diff" if mixed else "fp32_max_diff"
+        figure[key] = max(worst, figure.get(key, 0.0))
+    if measured["master_dtypes"] != ["torch.float32"]:
+        raise SmokeFailure(f"master weights {measured['master_dtypes']}, expected float32 only")
     return figure
 
 

@@ -31,8 +31,8 @@ MAX_FSDP_GPUS = 8
 TIMEOUT_S = {"tiny": 300, "smollm2": 600, "behave-logp": 600, "vllm": 900, "fsdp2": 600, "paper": 1200,
              "benchmark": 900}
 ITEM_NAMES = ("tiny-fp32", "tiny-bf16", "smollm2-fp32", "smollm2-bf16", "behave-logp", "vllm-inprocess",
-              "vllm-child", "vllm-child-torchrun", "vllm-child-torchrun-gpu", "fsdp2-nccl", "paper-shaped",
-              "benchmark-cuda")
+              "vllm-child", "vllm-child-torchrun", "vllm-child-torchrun-gpu", "fsdp2-nccl", "fsdp2-nccl-1rank",
+              "paper-shaped", "benchmark-cuda")
 
 
 def torchrun(python: str, processes: int) -> list[str]:
@@ -94,6 +94,9 @@ def build_items(work: Path, gpus: int, *, python: str = sys.executable, gsm8k_pa
               what="vLLM on its own GPU (cuda:2) beside 2 torchrun ranks"),
         b.run("fsdp2-nccl", ("model=tiny", "device=cuda"), timeout="fsdp2", processes=fsdp_processes(gpus),
               min_gpus=2, what="FSDP2 over nccl (one rank a GPU)"),
+        Item("fsdp2-nccl-1rank", [python, "-m", "a3po.smoke.probes", "fsdp-one-rank",
+                                  str(work / "fsdp2-nccl-1rank" / "fsdp.json")],
+             checks.fsdp_one_rank, TIMEOUT_S["fsdp2"], work / "fsdp2-nccl-1rank"),
         _paper_item(b, data),
         Item("benchmark-cuda", [python, BENCHMARK, *BENCHMARK_SHAPE, "--out", str(work / "benchmark-cuda")],
              checks.benchmark_report, TIMEOUT_S["benchmark"], work / "benchmark-cuda",

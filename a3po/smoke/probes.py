@@ -3,6 +3,7 @@
     python -m a3po.smoke.probes machine OUT.json            the machine, as the report records it
     python -m a3po.smoke.probes need vllm|smollm2|gsm8k [OVERRIDES...]
     python -m a3po.smoke.probes behave-logp OUT.json [OVERRIDES...]
+    python -m a3po.smoke.probes fsdp-one-rank OUT.json     FSDP2 over nccl at world 1 (a3po.smoke.fsdp_probe)
 
 `need` exits 0 when the thing is there, and `SKIP_EXIT` with the reason when it is not (the
 item is then skipped, not failed). `behave-logp` samples a batch with the HF engine (on cuda
@@ -171,6 +172,13 @@ def main(argv: Sequence[str]) -> int:
         print(f"{argv[1]}: present")
     elif len(argv) >= 2 and argv[0] == "behave-logp":
         print(json.dumps(behave_logp(Path(argv[1]), argv[2:])))
+    elif len(argv) == 2 and argv[0] == "fsdp-one-rank":
+        from a3po.smoke.fsdp_probe import fsdp_one_rank
+
+        result = fsdp_one_rank()
+        Path(argv[1]).parent.mkdir(parents=True, exist_ok=True)
+        Path(argv[1]).write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result))
     else:
         print(USAGE, file=sys.stderr)
         return 2
