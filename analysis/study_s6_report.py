@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from analysis.markdown import fmt
+from analysis.markdown import fmt, markdown_table
 from analysis.power import minimum_detectable_effect, sd_from_interval, tost_seeds_needed
 from analysis.study_s6 import ARMS, BASELINE, MARGIN, PLATEAU_GAIN, TESTS, plateau, tier_family
 
@@ -27,23 +27,21 @@ def _shown(row: pd.Series) -> str:
     return f"{effect} [{low}, {high}]" + ("x" if scale == "log_ratio" else "")
 
 
-def family_table(family: pd.DataFrame) -> list[str]:
-    lines = ["| comparison | test | quantity | seeds | effect [95% CI] | p | p (Holm) | verdict, raw | **verdict** |",
-             "|---|---|---|--:|---|--:|--:|---|---|"]
-    for _, row in family.iterrows():
-        lines.append(f"| {row['comparison']} | {row['label']} | {row['quantity']} | {row['n']} | {_shown(row)} | "
-                     f"{fmt(row['p'], 2)} | {fmt(row['p_holm'], 2)} | {row['verdict_raw']} | **{row['verdict']}** |")
-    return lines
+def family_table(family: pd.DataFrame) -> str:
+    headers = ["comparison", "test", "quantity", "seeds", "effect [95% CI]", "p", "p (Holm)", "verdict, raw", "**verdict**"]
+    rows = [[r["comparison"], r["label"], r["quantity"], r["n"], _shown(r), fmt(r["p"], 2), fmt(r["p_holm"], 2),
+             r["verdict_raw"], f"**{r['verdict']}**"] for _, r in family.iterrows()]
+    return markdown_table(headers, rows, numeric_from=len(headers))
 
 
-def arm_table(scalars: pd.DataFrame, staleness: int) -> list[str]:
+def arm_table(scalars: pd.DataFrame, staleness: int) -> str:
     cell = scalars[scalars["staleness"] == staleness]
-    lines = ["| arm | runs | flagged | " + " | ".join(ARM_COLUMNS) + " |", "|---|--:|--:|" + "---|" * len(ARM_COLUMNS)]
+    rows = []
     for arm in (BASELINE, *ARMS):
-        rows = cell[cell["arm"] == arm]
-        cells = [f"{fmt(rows[c].mean(), 3)} ± {fmt(rows[c].std(), 2)}" for c in ARM_COLUMNS]
-        lines.append(f"| {arm} | {len(rows)} | {int(rows['flagged'].sum())} | " + " | ".join(cells) + " |")
-    return lines
+        runs = cell[cell["arm"] == arm]
+        rows.append([arm, len(runs), int(runs["flagged"].sum()),
+                     *(f"{fmt(runs[c].mean(), 3)} ± {fmt(runs[c].std(), 2)}" for c in ARM_COLUMNS)])
+    return markdown_table(["arm", "runs", "flagged", *ARM_COLUMNS], rows, numeric_from=1)
 
 
 def power_lines(family: pd.DataFrame, scalars: pd.DataFrame, staleness: int) -> list[str]:
@@ -63,13 +61,11 @@ def power_lines(family: pd.DataFrame, scalars: pd.DataFrame, staleness: int) -> 
     return lines
 
 
-def stress_table(stress: pd.DataFrame) -> list[str]:
-    lines = ["| lr | minibatches | arm | recompute collapsed | arm collapsed | p | p (Holm) | **verdict** |",
-             "|--:|--:|---|--:|--:|--:|--:|---|"]
-    for _, row in stress.iterrows():
-        lines.append(f"| {row['lr']:g} | {row['n_minibatches']} | {row['arm']} | {row['recompute_collapsed']} | "
-                     f"{row['arm_collapsed']} | {fmt(row['p'], 2)} | {fmt(row['p_holm'], 2)} | **{row['verdict']}** |")
-    return lines
+def stress_table(stress: pd.DataFrame) -> str:
+    headers = ["lr", "minibatches", "arm", "recompute collapsed", "arm collapsed", "p", "p (Holm)", "**verdict**"]
+    rows = [[f"{r['lr']:g}", r["n_minibatches"], r["arm"], r["recompute_collapsed"], r["arm_collapsed"],
+             fmt(r["p"], 2), fmt(r["p_holm"], 2), f"**{r['verdict']}**"] for _, r in stress.iterrows()]
+    return markdown_table(headers, rows, numeric_from=len(headers))
 
 
 def report(scalars: pd.DataFrame, staleness: int, stress: pd.DataFrame | None = None) -> str:
@@ -78,12 +74,12 @@ def report(scalars: pd.DataFrame, staleness: int, stress: pd.DataFrame | None = 
     lines = [f"# S6 at d = {staleness}: the claims on the words testbed", "",
              "Pre-registered in docs/study_s6.md (tests, margin, Holm family, verdict rules). Regenerate:", "",
              "```", f"python -m analysis.study_s6 LOGS --staleness {staleness} --out THIS_FILE", "```", "",
-             "## Arms (mean ± sd over runs)", "", *arm_table(scalars, staleness), "",
-             f"## The family: {len(family)} tests, Holm-adjusted", "", *family_table(family), "",
+             "## Arms (mean ± sd over runs)", "", arm_table(scalars, staleness), "",
+             f"## The family: {len(family)} tests, Holm-adjusted", "", family_table(family), "",
              "## Plateau check (recompute: last eval - the one before)", "",
              f"{fmt(check['gain'], 3)} [{fmt(check['low'], 3)}, {fmt(check['high'], 3)}] over {check['n']} seeds: "
              + ("**holds** (upper end below " if check["holds"] else "**does not hold** (upper end not below ")
              + f"{PLATEAU_GAIN:g}).", "", "## Power at the observed spread", "", *power_lines(family, scalars, staleness)]
     if stress is not None and len(stress):
-        lines += ["", "## Tier B: collapses (Fisher's exact, Holm over the cells)", "", *stress_table(stress)]
+        lines += ["", "## Tier B: collapses (Fisher's exact, Holm over the cells)", "", stress_table(stress)]
     return "\n".join(lines) + "\n"
