@@ -105,7 +105,11 @@ class RunConfig:
         top-level values (`TOP_LEVEL`) and the groups' defaults where it has none; the axes,
         model, rollout and train groups it must have."""
         if isinstance(cfg, cls):
-            return dataclasses.replace(cfg, **replaced, resolved={**cfg.resolved, **replaced}) if replaced else cfg
+            if not replaced:
+                return cfg
+            typed = {key: Choice.of(value) if key in AXES else value for key, value in replaced.items()}
+            plain = {key: value.as_dict() if isinstance(value, Choice) else as_plain(value) for key, value in typed.items()}
+            return dataclasses.replace(cfg, **typed, resolved={**cfg.resolved, **plain})
         plain = {**TOP_LEVEL, **as_plain({k: cfg[k] for k in cfg if k != "hydra"}), **replaced}
         runtime = plain.get("runtime", {"name": "lagged"})
         return cls(**{key: plain[key] for key in TOP_LEVEL},
@@ -117,6 +121,7 @@ class RunConfig:
                    resolved=plain)
 
 
+AXES = ("algo", "schedule", "correction", "objective")  # the groups a Choice holds
 # conf/config.yaml's top-level values (tests/test_run_config.py holds them equal), for a partial config.
 TOP_LEVEL = {"experiment_name": "default", "run_name": "", "seed": 0, "staleness": 2, "device": "auto",
              "precision": "auto", "output_root": "outputs", "on_config_change": "error", "memory_check": "error"}

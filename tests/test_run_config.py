@@ -35,6 +35,8 @@ def test_the_run_config_is_the_composed_one_typed_and_frozen(tiny_cfg):
         typed.train = None  # type: ignore[misc]
     assert RunConfig.of(typed) is typed
     assert RunConfig.of(typed, precision="bf16").resolved["precision"] == "bf16"  # what records it follows
+    swapped = RunConfig.of(typed, algo={"name": "recompute"})  # an axis replaced: a Choice, and its record
+    assert swapped.algo.name == "recompute" and swapped.resolved["algo"] == {"name": "recompute"}
 
 
 def test_a_mapping_normalises_at_entry_with_its_defaults_and_names_an_unknown_key():

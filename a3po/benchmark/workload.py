@@ -85,7 +85,7 @@ def algo_label(spec: str) -> str:
     return algo if ":" not in spec else f"{algo}-{schedule}"
 
 
-def make_trainer(cfg: DictConfig, policy: torch.nn.Module, tokenizer: Any, algo: str, schedule: str,
+def make_trainer(cfg: RunConfig | DictConfig, policy: torch.nn.Module, tokenizer: Any, algo: str, schedule: str,
                  device: torch.device, timer: PhaseTimer, precision: str = "fp32") -> Trainer:
     """A trainer built as a3po.run.main builds it from `cfg`, with `algo=<algo>
     schedule=<schedule>` composed as training composes them."""
@@ -157,7 +157,7 @@ class StartState:
 class Workload:
     """The model, the trainers, the batch, its plans, and the state steps start from."""
 
-    cfg: DictConfig
+    cfg: RunConfig  # typed once, in build_workload
     options: BenchmarkOptions
     device: torch.device
     precision: str  # resolved (a3po.device), as a training run resolves it
@@ -204,6 +204,7 @@ def build_workload(cfg: DictConfig, options: BenchmarkOptions) -> Workload:
 
     device = resolve_device(cfg.device)
     precision = resolve_precision(cfg.precision, device, cfg.model.dtype)
+    cfg = RunConfig.of(cfg, precision=precision)  # the benchmark's door: typed from here on
     retain_freed_memory()  # as a training run does (a3po.run.main)
     torch.manual_seed(cfg.seed)
     policy, tokenizer = load_policy(cfg.model, device=device, seed=cfg.seed)
