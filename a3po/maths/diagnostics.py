@@ -18,7 +18,7 @@ import math
 import torch
 
 from a3po.maths.corrections import per_sequence_mean
-from a3po.maths.masked import check_same_shape
+from a3po.maths.masked import check_same_shape, masked_max, masked_min
 
 __all__ = ["entropy_terciles", "ess", "offpolicy_metrics", "LOG_RATIO_BOUND"]
 
@@ -63,16 +63,6 @@ def _ess_of_log(log_w: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return _ess_of_normalised(torch.exp(torch.where(valid, log_w - top, -math.inf)), valid)
 
 
-def _extreme_ratio(log_ratio: torch.Tensor, valid: torch.Tensor, largest: bool) -> torch.Tensor:
-    """exp of the largest (or smallest) valid log-ratio, without a host sync; 1 when none is valid."""
-    if not log_ratio.numel():
-        return log_ratio.new_ones(())
-    fill = -math.inf if largest else math.inf
-    masked = torch.where(valid, log_ratio, fill)
-    extreme = masked.amax() if largest else masked.amin()
-    return torch.where(valid.any(), torch.exp(extreme), torch.ones_like(extreme))
-
-
 def _masked_mean(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return torch.where(valid, values, 0.0).sum() / valid.sum().clamp(min=1)
 
@@ -113,8 +103,9 @@ def offpolicy_metrics(behave_logp: torch.Tensor, prox_logp: torch.Tensor, logp: 
         "offpolicy/chi2_token": _masked_mean(torch.exp(2.0 * bounded_w), valid) - 1.0,
         "offpolicy/kl_k1": _masked_mean(-log_r, valid),
         "offpolicy/kl_k3": _masked_mean(torch.expm1(bounded_r) - bounded_r, valid),
-        "offpolicy/total_ratio_max": _extreme_ratio(bounded_r, valid, largest=True),
-        "offpolicy/total_ratio_min": _extreme_ratio(bounded_r, valid, largest=False),
+        # exp of the masked extremes of log r: exp(0) = 1 where no token is valid
+        "offpolicy/total_ratio_max": torch.exp(masked_max(bounded_r, valid)),
+        "offpolicy/total_ratio_min": torch.exp(masked_min(bounded_r, valid)),
         "offpolicy/ess_total": _ess_of_log(log_r, valid),
     }
 

@@ -20,8 +20,8 @@ BEHAVE_TOLERANCE = {"fp32": 1e-3, "bf16": 0.1}
 # What a3po.rollout.vllm_child's process is called in vLLM's log lines (tests/test_distributed_async.py).
 VLLM_CHILD_MARKER = "(a3po-vllm pid="
 BENCHMARK_KEYS = ("machine", "model", "batch", "results", "derived")
-# fsdp2-nccl-1rank: fp32 FSDP2 at one rank against the unwrapped model (measured 0 on an H200);
-# bf16 gathers against autocast, as a share of the largest gradient (measured 1.6%).
+# fsdp2-nccl-1rank: fp32 FSDP2 at one rank against the unwrapped model; bf16 gathers against
+# autocast, as a share of the largest gradient (what an H200 measured: docs/gpu_runs.md).
 FSDP_FP32_TOLERANCE, FSDP_MIXED_SHARE = 1e-6, 0.1
 
 
