@@ -19,7 +19,7 @@ Each group keeps its parameters as configured (the correction's in its registry'
 the runtime's result-neutral ones left out: `RESULT_NEUTRAL_KEYS`, below). `label` is
 `<method>[-<schedule>][-<correction>][-<objective>][-<precision>]`: each part its name and
 numeric parameters (`%g`; a method's only where its spec has some: `hybrid4`), the defaults (`inverse`, `none`, `ppo`, `fp32`) left out, the
-runtime never in it. `run_name` is `<label>-d<staleness>-s<seed>`. The analysis (analysis.identity) reads the record, or
+runtime never in it. `run_name` is `<label>-d<staleness>-s<seed>`. The analysis (analysis.runs) reads the record, or
 builds it from an older config.yaml with `identity_record`; nothing reads a name back.
 """
 

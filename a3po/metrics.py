@@ -95,7 +95,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("hybrid/drift_ess", "trainer", "max",
            "algo=hybrid with min_ess: the token ESS of pi_theta / pi_behave on the step's first micro-batch at its start"),
     Metric("drift/logp_abs/k<k>", "trainer", "token_mean",
-           "train.log_prox_errors: mean abs(logp - behave_logp) in minibatch k (analysis.drift fits it against d + k/m)"),
+           "train.log_prox_errors: mean abs(logp - behave_logp) in minibatch k (analysis.anchor.drift fits it against d + k/m)"),
     *_family("trainer", "token_mean", "train.log_prox_errors: mean(delta * (recomputed - behave)) and mean(delta^2), "
              "delta = logp - behave_logp, in minibatch k; their ratio is the least-squares alpha at (d, k/m)",
              "alpha_fit/cross/k<k>", "alpha_fit/delta_sq/k<k>"),

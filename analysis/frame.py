@@ -2,7 +2,7 @@
 the labels of runs from several experiments kept apart.
 
 Each row is one (run, step, metric) with the run's identity beside it (`IDENTITY_COLUMNS`,
-the fields of its identity record: see `analysis.identity`), the step's wall time, the value
+the fields of its identity record: see `analysis.runs`), the step's wall time, the value
 and whether the run finished. The frame is long (one row per run, step and metric) rather
 than wide because metrics differ between algorithms (eval steps, `prox_error/...` keys) and
 a wide frame would be mostly holes.
@@ -17,12 +17,12 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.identity import label
+from analysis.runs import label
 
 log = logging.getLogger("analysis.load")
 
 # run, experiment: where the run is; label ... seed: its record's fields as drawn (see
-# analysis.identity.run_identity); precision, schedule_name, correction_name: the record's
+# analysis.runs.run_identity); precision, schedule_name, correction_name: the record's
 # own values, which colours and orders are decided from; label_prefix: the `<experiment>`
 # that `disambiguate` put before the label, or "".
 IDENTITY_COLUMNS = ["run", "experiment", "label", "variant", "algo", "schedule", "correction", "objective",

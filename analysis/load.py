@@ -1,7 +1,7 @@
 """Runs (local run directories or wandb) -> one tidy long DataFrame (`analysis.frame`).
 
 Each row is one (run, step, metric) with the run's identity beside it (`IDENTITY_COLUMNS`,
-read from its identity record: `analysis.identity`; never from its name), the step's wall
+read from its identity record: `analysis.runs`; never from its name), the step's wall
 time, the value and whether the run finished. Every figure and table in `analysis` is
 computed from this one frame, so a figure can be regenerated from any mix of sources and the
 CSV beside it is always traceable back to the rows here.
@@ -24,8 +24,8 @@ from a3po.run.metrics_log import SkippedMetricsWarning as RunSkippedWarning
 from a3po.run.metrics_log import read_metrics
 
 from analysis.frame import IDENTITY_COLUMNS, TIDY_COLUMNS, add_labels, disambiguate, tidy_run  # noqa: F401
-from analysis.identity import label, run_identity  # noqa: F401  (re-exported: the loader's public names)
 from analysis.logs import is_archive, unpacked
+from analysis.runs import label, run_identity  # noqa: F401  (re-exported: the loader's public names)
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ and train.log (no checkpoints, no launcher folders), under `<sweep name>/<run>/`
 is deterministic (sorted members, fixed times and owners), so packing the same logs twice gives
 the same bytes and git stores it once. Every loader in `analysis` accepts such an archive where
 it accepts a folder (`analysis.load.find_run_dirs`): `python -m analysis.report
-docs/logs/claims.tar.xz --out docs/results.md` regenerates a report from the repository alone.
+docs/logs/claims.tar.xz --out docs/reports/claims.md` regenerates a report from the repository alone.
 """
 
 from __future__ import annotations

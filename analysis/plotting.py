@@ -28,7 +28,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from analysis.identity import label_rows
+from analysis.runs import label_rows
 
 log = logging.getLogger("analysis.figures")  # one logger name for every figure module
 

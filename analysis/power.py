@@ -1,7 +1,7 @@
 """Power analysis for paired seed comparisons (scipy.stats): the minimum detectable effect at
 the seeds a sweep has, the seeds needed to detect a given effect, and the same for the
-two one-sided tests (TOST) of an equivalence band. Used by docs/study.md's pre-registration
-and by the claims report (analysis.claims, analysis.claims_power).
+two one-sided tests (TOST) of an equivalence band. Used by docs/studies/claims.md's pre-registration
+and by the claims report (analysis.claims.rule, analysis.claims.beside).
 
 Every comparison in the claims report pairs loglinear with recompute by seed, so the unit is
 the per-seed difference: mean `effect`, standard deviation `sd`, `n` seeds, a two-sided

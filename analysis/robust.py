@@ -15,7 +15,7 @@ tests/test_against_rliable.py checks every statistic here against rliable's own:
   of seeds (`scipy.stats.bootstrap`, which resamples each of several samples on its own).
 
 With 2 to 10 seeds a bootstrap interval is narrower than it should be (it cannot see
-beyond the values drawn); the Student-t interval stays the verdict's (analysis.claims).
+beyond the values drawn); the Student-t interval stays the verdict's (analysis.claims.rule).
 """
 
 from __future__ import annotations

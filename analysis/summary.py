@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.identity import label_order
 from analysis.load import add_labels
 from analysis.markdown import fmt, fmt_interval, fmt_mean_std, markdown_table
 from analysis.outcomes import EXCLUDED_NOTE, excluded_text, with_outcomes
+from analysis.runs import label_order
 from analysis.scalars import DIAGNOSTIC_MEANS, STEP_MEANS, context_of, run_scalars
 from analysis.stats import Interval, mean_ci
 

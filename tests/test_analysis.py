@@ -18,7 +18,8 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 import yaml  # noqa: E402
 
-from analysis import figures, summary  # noqa: E402
+from analysis import summary  # noqa: E402
+from analysis.figures import paper as figures  # noqa: E402
 from analysis.load import TIDY_COLUMNS, NoRunsError, RunSkippedWarning, label, load_runs, load_wandb  # noqa: E402
 from analysis.load import run_identity  # noqa: E402
 from analysis.scalars import contended, run_scalars  # noqa: E402
@@ -737,7 +738,7 @@ def test_training_time_cpu_time_and_contention(tmp_path):
 
 
 def test_runs_whose_rollout_shared_the_trainers_gpu_are_flagged_in_the_report(tmp_path):
-    from analysis.report import _compute_lines
+    from analysis.provenance import _compute_lines
 
     root = tmp_path / "shared"
     dump_run(root, "recompute-d2-s0", timing_config("recompute", 0),

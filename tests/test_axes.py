@@ -79,7 +79,7 @@ def toy_axes(tmp_path):
 
 
 def test_a_toy_schedule_method_and_correction_run_and_reach_a_figure(toy_axes, tmp_path):
-    from analysis.figures import main as figures
+    from analysis.figures.paper import main as figures
 
     cfg = compose_config([*TINY_OVERRIDES, "algo=halfway", "schedule=toy", "correction=scaled", "staleness=2",
                           f"hydra.searchpath=[file://{toy_axes}]"], output_root=tmp_path / "outputs")

@@ -14,7 +14,7 @@ from a3po.batch import Sample
 from a3po.benchmark import DEFAULT_ALGOS, main
 from a3po.benchmark.cli import build_parser, options_from
 from a3po.benchmark.harness import CpuClock, TrafficCounter, Variant, measure, summarize
-from a3po.benchmark.report import DOCS_HEADER, append_to_docs
+from a3po.benchmark.results import DOCS_HEADER, append_to_docs
 from a3po.benchmark.workload import StartState, algo_label, padding_stats, parse_algo
 
 from conftest import REPO

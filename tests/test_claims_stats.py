@@ -1,5 +1,5 @@
-"""analysis.claims' verdict rules (the Student-t rule, TOST for the reward), the numbers
-beside them (analysis.claims_power: MDE, seeds needed, IQM, probability of improvement) and
+"""analysis.claims.rule' verdict rules (the Student-t rule, TOST for the reward), the numbers
+beside them (analysis.claims.beside: MDE, seeds needed, IQM, probability of improvement) and
 their markdown, on crafted run scalars whose answers are known."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from analysis import claims
-from analysis.claims_markdown import claims_markdown, shown_size
-from analysis.claims_power import Samples, beside, effect_sd, seeds_text
-from analysis.paper_claims import CLAIMS
+from analysis.claims import rule as claims
+from analysis.claims.tables import claims_markdown, shown_size
+from analysis.claims.beside import Samples, beside, effect_sd, seeds_text
+from analysis.claims.paper import CLAIMS
 from analysis.power import minimum_detectable_effect, seeds_needed, tost_seeds_needed
 from analysis.stats import Interval, mean_ci
 

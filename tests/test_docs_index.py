@@ -22,7 +22,7 @@ def test_the_readme_is_a_front_door():
 
 def test_every_docs_page_is_indexed():
     linked = _links(REPO / "docs" / "README.md")
-    pages = {p.resolve() for p in (REPO / "docs").glob("*.md") if p.name != "README.md"}
+    pages = {p.resolve() for p in (REPO / "docs").rglob("*.md") if p != REPO / "docs" / "README.md"}
     assert not sorted(p.name for p in pages - linked)
 
 

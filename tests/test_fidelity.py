@@ -31,7 +31,7 @@ def test_step_start_tracks_recompute_where_inverse_cannot(tiny_cfg, n_minibatche
 def test_the_drift_fit_recovers_the_exponent(beta):
     import numpy as np
 
-    from analysis.drift import fit_drift
+    from analysis.anchor.drift import fit_drift
 
     rng = np.random.default_rng(0)
     distance = np.repeat([0.0, 1.0, 1.5, 2.0, 4.25, 8.0, 8.75], 20)
@@ -44,7 +44,7 @@ def test_the_drift_fit_recovers_the_exponent(beta):
 
 
 def test_a_run_logs_drift_per_minibatch_and_the_fit_reads_it(tiny_cfg, capsys):
-    from analysis.drift import drift_points, main
+    from analysis.anchor.drift import drift_points, main
     from analysis.load import load_runs
 
     cfg = tiny_cfg("algo=loglinear", "staleness=2", "train.total_steps=4", "train.log_prox_errors=true",
@@ -76,7 +76,7 @@ def test_the_alpha_fit_statistics_give_the_least_squares_alpha():
 
 
 def test_the_approx_quality_report_tabulates_every_schedule_and_the_drift(tiny_cfg, tmp_path, earnable_reward):
-    from analysis.approx_quality import main
+    from analysis.studies.approx_quality import main
 
     common = ("staleness=1", "train.total_steps=3", "train.log_prox_errors=true", "train.n_minibatches=2")
     cfg = tiny_cfg("algo=recompute", "train.grad_fidelity_every=1", *common)
@@ -194,7 +194,7 @@ def test_the_schedule_fit_recovers_a_rational_schedule_from_its_cells():
     import numpy as np
     import pandas as pd
 
-    from analysis.fit_schedule import excess_table, fit_rational
+    from analysis.anchor.fit_schedule import excess_table, fit_rational
 
     d, k = np.repeat([1.0, 2.0, 4.0, 8.0], 4), np.tile([0, 1, 2, 3], 4)
     p = k / 4
@@ -212,7 +212,7 @@ def test_fit_schedule_reads_a_run_and_writes_a_schedule_that_trains(tiny_cfg, tm
     from omegaconf import OmegaConf
 
     from a3po.maths.schedules import validate_schedule
-    from analysis.fit_schedule import alpha_cells, main
+    from analysis.anchor.fit_schedule import alpha_cells, main
     from analysis.load import load_runs
 
     cfg = tiny_cfg("algo=recompute", "staleness=2", "train.total_steps=4", "train.log_prox_errors=true",
@@ -226,7 +226,7 @@ def test_fit_schedule_reads_a_run_and_writes_a_schedule_that_trains(tiny_cfg, tm
     schedule = OmegaConf.to_container(OmegaConf.load(out))
     assert schedule["name"] == "rational" and set(schedule) == {"name", "gamma", "c", "b"}
     validate_schedule("rational", schedule)
-    assert "`fitted` excess" in report.read_text() and "# Fitted by `python -m analysis.fit_schedule" in out.read_text()
+    assert "`fitted` excess" in report.read_text() and "# Fitted by `python -m analysis.anchor.fit_schedule" in out.read_text()
     trained = tiny_cfg("algo=loglinear", "staleness=2", "train.total_steps=2", "schedule=rational",
                        *(f"schedule.{key}={schedule[key]}" for key in ("gamma", "c", "b")))
     run(trained)
@@ -236,7 +236,7 @@ def test_fit_schedule_reads_a_run_and_writes_a_schedule_that_trains(tiny_cfg, tm
 def test_the_s2_fidelity_verdicts_follow_the_preregistered_rules():
     import pandas as pd
 
-    from analysis.approx_quality import s2_verdicts
+    from analysis.anchor.tracking import s2_verdicts
 
     rows = []
     for seed, (start, inverse, fitted) in enumerate([(0.05, 0.12, None), (0.06, 0.11, 0.05), (0.04, 0.13, 0.07)]):

@@ -16,7 +16,8 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 import yaml  # noqa: E402
 
-from analysis import claims, report, summary  # noqa: E402
+from analysis import report, summary  # noqa: E402
+from analysis.claims import rule as claims  # noqa: E402
 from analysis.load import load_runs  # noqa: E402
 
 STEPS, D, SEEDS = 10, 2, [0, 1, 2]

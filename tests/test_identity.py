@@ -17,7 +17,7 @@ from a3po.identity import identity_record, run_name
 from a3po.run.main import run, run_dir_of
 from a3po.run.metrics_log import MetricsLogger, read_metrics
 from a3po.run.rundir import claim_run_dir, config_differences, release_run_dir
-from analysis.identity import record_of, run_identity
+from analysis.runs import record_of, run_identity
 from analysis.load import load_runs
 
 

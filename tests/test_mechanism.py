@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 
 from a3po.run.main import run, run_dir_of
-from analysis.anchor_model import (EQUAL, LESS, MORE, NO_CALL, agreement, anchor_distance, behaviour_weight, clip_reach,
+from analysis.anchor.model import (EQUAL, LESS, MORE, NO_CALL, agreement, anchor_distance, behaviour_weight, clip_reach,
                                    prediction, score)
-from analysis.clip_rates import counterfactual_cells, counterfactual_rates, counterfactual_verdict
-from analysis.mechanism import clip_slopes, main
+from analysis.anchor.clip_rates import counterfactual_cells, counterfactual_rates, counterfactual_verdict
+from analysis.studies.mechanism import clip_slopes, main
 
 
 def test_anchor_distances_by_hand():
@@ -45,7 +45,7 @@ def test_behaviour_weights_and_where_an_anchor_can_clip():
 
 
 def test_the_pre_registered_table_at_d8():
-    """docs/study_s3.md's table: beta = 0.48 reverses the direction between m = 2 and m = 4."""
+    """docs/studies/mechanism.md's table: beta = 0.48 reverses the direction between m = 2 and m = 4."""
     calls = {m: prediction(anchor_distance("inverse", 8, m, 0.48), anchor_distance("recompute", 8, m, 0.48))
              for m in (1, 2, 4, 8)}
     assert calls == {1: MORE, 2: NO_CALL, 4: LESS, 8: LESS}

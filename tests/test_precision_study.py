@@ -1,4 +1,4 @@
-"""The precision report (S5, analysis/precision_study.py) and the rule that no contrast mixes
+"""The precision report (S5, analysis/studies/precision.py) and the rule that no contrast mixes
 precisions: pure parts on hand-made run scalars, the report end to end on real tiny runs (slow)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import math
 import pandas as pd
 import pytest
 
-from analysis.claims import FAILS, HOLDS
-from analysis.contrasts import contrast
-from analysis.paper_claims import CLAIMS
-from analysis.precision_study import CHANGED, KEPT, NOT_SHOWN, agreement, effect_shift, per_arm, versus_recompute
+from analysis.claims.rule import FAILS, HOLDS
+from analysis.claims.contrasts import contrast
+from analysis.claims.paper import CLAIMS
+from analysis.studies.precision import CHANGED, KEPT, NOT_SHOWN, agreement, effect_shift, per_arm, versus_recompute
 from analysis.scalars import context_of
 
 CLIP = next(claim for claim in CLAIMS if claim.key == "g'")
@@ -68,7 +68,7 @@ def test_no_contrast_mixes_precisions():
 @pytest.mark.slow
 def test_the_report_from_real_runs_in_both_precisions(tiny_cfg, tmp_path, earnable_reward):
     from a3po.run.main import run, run_dir_of
-    from analysis.precision_study import main
+    from analysis.studies.precision import main
 
     for precision in ("fp32", "bf16"):
         for seed in (0, 1):

@@ -1,4 +1,4 @@
-"""analysis.stats, analysis.claims, analysis.report and the corrections panel, on crafted
+"""analysis.stats, analysis.claims.rule, analysis.report and the corrections panel, on crafted
 run directories whose effects are known: one claim that holds, one that does not, one
 that is inconclusive, one that cannot be judged."""
 
@@ -17,8 +17,10 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 import yaml  # noqa: E402
 
-from analysis import claims, figures, report  # noqa: E402
-from analysis.figures_corrections import methods  # noqa: E402
+from analysis import report  # noqa: E402
+from analysis.claims import rule as claims  # noqa: E402
+from analysis.figures import paper as figures  # noqa: E402
+from analysis.figures.corrections_panel import methods  # noqa: E402
 from analysis.load import load_runs  # noqa: E402
 from analysis.stats import mean_ci, welch_ci  # noqa: E402
 
@@ -253,7 +255,7 @@ def test_corrections_panel(corrections_sweep, tmp_path):
 
 
 def test_uneven_contention_makes_the_wall_clock_claim_inconclusive():
-    from analysis.claims import CLAIMS, judge
+    from analysis.claims.rule import CLAIMS, judge
 
     wall_claim = next(c for c in CLAIMS if c.key == "b")
     cpu_claim = next(c for c in CLAIMS if c.key == "b'")

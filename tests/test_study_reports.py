@@ -1,4 +1,4 @@
-"""The study reports built on analysis.claims.compare: the alpha-schedule report (S2) and the
+"""The study reports built on analysis.claims.rule.compare: the alpha-schedule report (S2) and the
 seeded corrections report (S4). Pure parts on hand-made run scalars; each report end to end on
 real tiny-model runs (slow)."""
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.claims import FAILS, HOLDS
-from analysis.contrasts import contrast, direction_word
-from analysis.corrections_study import BY_KEY, HYPOTHESES, hypothesis_verdict, versus_none
-from analysis.schedules import CLIP, TRAINING, against, h_s2b, ranking
+from analysis.claims.rule import FAILS, HOLDS
+from analysis.claims.contrasts import contrast, direction_word
+from analysis.studies.corrections import BY_KEY, DECIDED_IN, hypothesis_verdict, versus_none
+from analysis.studies.alpha_schedules import CLIP, TRAINING, against, h_s2b, ranking
 
 
 def _scalars(rows):
@@ -75,11 +75,11 @@ def _correction_arms():
 
 def test_the_corrections_hypotheses_by_their_rule():
     arms = _correction_arms()
-    verdict, records = hypothesis_verdict(HYPOTHESES[0], arms, 8)  # H-S4a: m2po's ESS higher
+    verdict, records = hypothesis_verdict(DECIDED_IN[0], arms, 8)  # H-S4a: m2po's ESS higher
     assert verdict == HOLDS and records[0]["cell"] == "recompute-m2po0.04 vs recompute-none"
-    verdict, records = hypothesis_verdict(HYPOTHESES[1], arms, 8)  # H-S4b: seq_mis's IW max is not lower
+    verdict, records = hypothesis_verdict(DECIDED_IN[1], arms, 8)  # H-S4b: seq_mis's IW max is not lower
     assert verdict == "inconclusive" and [r["verdict"] == HOLDS for r in records] == [True, False, True]
-    verdict, _ = hypothesis_verdict(HYPOTHESES[2], arms, 8)  # H-S4c: no loglinear runs
+    verdict, _ = hypothesis_verdict(DECIDED_IN[2], arms, 8)  # H-S4c: no loglinear runs
     assert verdict.startswith("not judged")
     table = versus_none(arms)
     assert set(table["correction"]) == {"m2po0.04", "icepop0.5_2", "seq_mis0.5_2"}
@@ -91,7 +91,7 @@ def test_the_corrections_hypotheses_by_their_rule():
 def test_a_study_report_ends_with_its_deviations_or_fails_at_start(tmp_path, capsys):
     import argparse
 
-    from analysis.contrasts import deviations_flag, write_study_report
+    from analysis.claims.contrasts import deviations_flag, write_study_report
 
     page = tmp_path / "study_s9.md"
     page.write_text("# S9\n\n## Deviations\n\n- none yet, but this line.\n")
@@ -101,24 +101,24 @@ def test_a_study_report_ends_with_its_deviations_or_fails_at_start(tmp_path, cap
         loaded.append(True)
         return ["# S9 report", f"command: --out {args.out}{deviations_flag(args)}"]
 
-    def parser():
-        made = argparse.ArgumentParser()
-        made.add_argument("--out", type=Path, required=True)
-        return made
+    def parser():  # the study's own arguments: none; write_study_report adds --out, --figures-dir, --deviations
+        return argparse.ArgumentParser()
 
-    out = tmp_path / "s9.md"
-    assert write_study_report(parser(), report, ["--out", str(out), "--deviations", str(page)]) == 0
+    out, figures = tmp_path / "s9.md", str(tmp_path / "s9")
+    assert write_study_report(parser(), report, ["--out", str(out), "--figures-dir", figures,
+                                                 "--deviations", str(page)]) == 0
     assert out.read_text() == (f"# S9 report\ncommand: --out {out} --deviations {page}\n\n"
                                f"## Deviations from the pre-registration (`{page}`)\n\n- none yet, but this line.\n")
-    assert write_study_report(parser(), report, ["--out", str(out), "--deviations", str(tmp_path / "nope.md")]) == 2
+    assert write_study_report(parser(), report, ["--out", str(out), "--figures-dir", figures,
+                                                 "--deviations", str(tmp_path / "nope.md")]) == 2
     assert "error: --deviations: " in capsys.readouterr().out and len(loaded) == 1  # nothing loaded the second time
 
 
 @pytest.mark.slow
 def test_both_reports_from_real_runs(tiny_cfg, tmp_path, earnable_reward):
     from a3po.run.main import run, run_dir_of
-    from analysis.corrections_study import main as corrections_main
-    from analysis.schedules import main as schedules_main
+    from analysis.studies.corrections import main as corrections_main
+    from analysis.studies.alpha_schedules import main as schedules_main
 
     for seed in (0, 1):
         for arm in ("algo=recompute train.log_prox_errors=true", "algo=loglinear", "algo=loglinear schedule=step_start",

@@ -1,4 +1,4 @@
-"""S6's rules (docs/study_s6.md) on crafted sweeps: analysis.family's verdicts and Holm, the
+"""S6's rules (docs/studies/s6.md) on crafted sweeps: analysis.family's verdicts and Holm, the
 tier's family, the plateau check, tier B's collapses, and the report's command."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import re
 import pytest
 
 from analysis.family import FamilyTest, judge, judge_family, paired_values, run_test
-from analysis.study_s6 import collapsed, main, plateau, s6_scalars, stress_family, tier_family
+from analysis.studies.s6 import collapsed, main, plateau, s6_scalars, stress_family, tier_family
 from test_report import dump_run
 
 SEEDS = (0, 1, 2, 3)

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from a3po.benchmark.derive import derive
 from a3po.benchmark.harness import interleaved, load_average, machine_info, summarize_results
 from a3po.benchmark.probes import all_variants, approximation_traffic
-from a3po.benchmark.report import append_to_docs, render_markdown, write_report
+from a3po.benchmark.results import append_to_docs, render_markdown, write_report
 from a3po.benchmark.workload import REPO, BenchmarkOptions, batch_info, build_workload, compose, model_info
 
 DOCS_PATH = REPO / "docs" / "benchmarks.md"

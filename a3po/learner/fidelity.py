@@ -32,10 +32,10 @@ def fidelity_metrics(reference: torch.Tensor, logp: torch.Tensor, entropy: torch
     the loss's per-token decisions (a3po.maths.proximal, a3po.maths.loss); the loglinear
     anchors' STRATIFIED errors in minibatch k (`.../k<k>`) and in each entropy tercile
     (`.../H1`-`H3`), each weighted by its own token count; the drift `drift/logp_abs/k<k>`,
-    which against d + k/m versions gives the drift exponent (analysis.drift); and the two token
+    which against d + k/m versions gives the drift exponent (analysis.anchor.drift); and the two token
     means whose ratio is the least-squares alpha of a loglinear anchor at this (d, k/m): with
     delta = logp - behave and target = reference - behave, alpha* = mean(delta * target) /
-    mean(delta^2) (`alpha_fit/{cross,delta_sq}/k<k>`; analysis.fit_schedule fits a schedule to them)."""
+    mean(delta^2) (`alpha_fit/{cross,delta_sq}/k<k>`; analysis.anchor.fit_schedule fits a schedule to them)."""
     behave, valid, seq = tokens["behave"], tokens["mask"], tokens["seq_index"]
 
     def decisions(anchor: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -68,7 +68,7 @@ def step_start(staleness: torch.Tensor, position: float) -> torch.Tensor:
 
 
 def rational(staleness: torch.Tensor, position: float, gamma: float, c: float, b: float) -> torch.Tensor:
-    # w_b = (c + b k/m) / (d^gamma + c + b k/m): the family `python -m analysis.fit_schedule`
+    # w_b = (c + b k/m) / (d^gamma + c + b k/m): the family `python -m analysis.anchor.fit_schedule`
     # fits to the logged errors. gamma = 1, c = 0, b = 1 is step_start; gamma = 1, c = 1, b = 0
     # is w_b = 1/(d + 1).
     power = torch.pow(staleness, gamma)
@@ -95,7 +95,7 @@ SCHEDULES = Registry("schedule", (
     ScheduleSpec("target", target, "w_b = 0: the detached current policy"),
     ScheduleSpec("step_start", step_start, "the step-start weights under linear drift: alpha = d / (d + k/m)",
                  uses_position=True),
-    ScheduleSpec("rational", rational, "w_b = (c + b k/m) / (d^gamma + c + b k/m): fitted by analysis.fit_schedule",
+    ScheduleSpec("rational", rational, "w_b = (c + b k/m) / (d^gamma + c + b k/m): fitted by analysis.anchor.fit_schedule",
                  {"gamma": Param(1.0, lambda v: 0.0 < v <= 8.0, "in (0, 8]"),
                   "c": Param(0.0, lambda v: 0.0 <= v <= 1e3, "in [0, 1000]"),
                   "b": Param(1.0, lambda v: 0.0 <= v <= 1e3, "in [0, 1000]")},

@@ -1,0 +1,235 @@
+"""S6's rules, as docs/studies/s6.md registers them, applied to its sweeps.
+
+    python -m analysis.studies.s6 docs/logs/s6.tar.xz --staleness 8 --out docs/reports/s6.md \
+        [--stress docs/logs/s6_stress.tar.xz]
+
+Tier A (or C, `--staleness 2`): loglinear `inverse` and `step_start`, each against recompute,
+paired by seed, through `TESTS` (`analysis.family`: raw and Holm-adjusted verdicts over the
+tier's 30 tests), the plateau check on recompute's last two evals, and, with `--stress`, tier
+B's collapse counts by Fisher's exact test (Holm over its cells); the report in markdown:
+the family's raw and Holm-adjusted verdicts, per-arm means, the plateau check, the power at
+the observed spread and tier B's collapse table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats as scipy_stats
+
+from analysis.family import FamilyTest, judge_family, paired_values
+from analysis.load import load_configs, load_runs
+from analysis.markdown import fmt, markdown_table
+from analysis.outcomes import with_outcomes
+from analysis.power import minimum_detectable_effect, sd_from_interval, tost_seeds_needed
+from analysis.scalars import run_scalars
+from analysis.stats import holm, mean_ci
+
+ARMS = ("inverse", "step_start")  # the loglinear schedules each compared with recompute
+BASELINE = "recompute"
+MARGIN = 0.12                      # R's equivalence band, absolute reward (docs/studies/s6.md)
+PLATEAU_GAIN = 0.05                # the plateau check's bound on recompute's last eval gain
+COLLAPSE_FRACTION = 0.5            # collapsed: last eval below half the run's best eval
+STEADY_EXTRAS = {"total_ratio_max": "offpolicy/total_ratio_max", "total_ratio_min": "offpolicy/total_ratio_min",
+                 "ess_total": "offpolicy/ess_total", "grad_norm": "actor/grad_norm",
+                 "clip_recompute_anchor": "prox_error/recompute/clip_rate"}
+TESTS = (
+    FamilyTest("R", "held-out reward, mean of the last two evals", "last_evals_reward", "equivalence", margin=MARGIN),
+    FamilyTest("R'", "held-out reward, mean of the last two evals", "last_evals_reward", "two_sided"),
+    FamilyTest("a", "prox-logp time, steady (log recompute / loglinear)", "prox_time_s", "direction", +1, "log_ratio"),
+    FamilyTest("b'", "training CPU time (log recompute / loglinear)", "cpu_time_s", "direction", +1, "log_ratio"),
+    FamilyTest("d", "entropy, steady", "entropy", "direction", +1),
+    FamilyTest("e", "IW max (pi_theta / pi_prox), steady", "iw_max", "direction", -1),
+    FamilyTest("f", "IW min (pi_theta / pi_prox), steady", "iw_min", "direction", +1),
+    FamilyTest("g", "clip ratio, steady", "clip_ratio", "direction", -1),
+    FamilyTest("T1", "total ratio pi_theta / pi_behave max, steady", "total_ratio_max", "two_sided"),
+    FamilyTest("T2", "total ratio pi_theta / pi_behave min, steady", "total_ratio_min", "two_sided"),
+    FamilyTest("T3", "ESS of the total ratio, steady", "ess_total", "two_sided"),
+    FamilyTest("T4", "KL(pi_behave || pi_theta) (k3), steady", "kl_k3", "two_sided"),
+    FamilyTest("T5", "gradient norm, steady", "grad_norm", "two_sided"),
+    FamilyTest("C1", "anchor effect: own anchor's clip rate - recompute's anchor's, same batches", "anchor_effect",
+               "one_sample"),
+    FamilyTest("C2", "trajectory effect: recompute's anchor's clip rate on loglinear's batches - recompute's",
+               "clip_recompute_anchor", "two_sided"),
+)
+KEEPS_FLAGGED = {"R", "R'"}  # the reward keeps collapsed runs (their low reward is the outcome)
+
+
+def _arm(row) -> str:
+    return BASELINE if row["algo"] == BASELINE else str(row["schedule"]) if row["algo"] == "loglinear" else ""
+
+
+def _evals(df: pd.DataFrame) -> pd.Series:
+    """Each run's held-out rewards in step order, as a list."""
+    evals = df[df["metric"] == "eval/reward"].sort_values("step")
+    return evals.groupby(["experiment", "run"])["value"].agg(list).rename("evals")
+
+
+def s6_scalars(paths) -> pd.DataFrame:
+    """One row per run: `run_scalars`, outcomes, the arm, lr and minibatches (from each run's
+    config), its evals, the steady means of `STEADY_EXTRAS` and the anchor effect."""
+    df = load_runs(paths)
+    scalars = with_outcomes(run_scalars(df), df).set_index(["experiment", "run"])
+    steady = df[df["step"] >= df["max_staleness"]]
+    for column, metric in STEADY_EXTRAS.items():
+        scalars[column] = steady[steady["metric"] == metric].groupby(["experiment", "run"])["value"].mean()
+    own = steady[steady["metric"] == "prox_error/" + steady["schedule"].astype(str) + "/clip_rate"]
+    scalars["clip_own_anchor"] = own.groupby(["experiment", "run"])["value"].mean()
+    scalars["anchor_effect"] = scalars["clip_own_anchor"] - scalars["clip_recompute_anchor"]
+    scalars = scalars.join(_evals(df))
+    configs = load_configs(paths)
+    scalars["lr"] = [float(configs[key]["train"]["lr"]) for key in scalars.index]
+    scalars["n_minibatches"] = [int(configs[key]["train"]["n_minibatches"]) for key in scalars.index]
+    scalars = scalars.reset_index()
+    scalars["arm"] = [_arm(row) for _, row in scalars.iterrows()]
+    return scalars
+
+
+def _by_seed(rows: pd.DataFrame, column: str) -> dict[int, float]:
+    return {int(s): float(v) for s, v in zip(rows["seed"], rows[column])}
+
+
+def tier_family(scalars: pd.DataFrame, staleness: int) -> pd.DataFrame:
+    """TESTS for each arm against recompute at `staleness`, judged as one Holm family."""
+    cell = scalars[scalars["staleness"] == staleness]
+    family = []
+    for arm in ARMS:
+        for test in TESTS:
+            keep = (lambda rows: rows) if test.label in KEEPS_FLAGGED else (lambda rows: rows[~rows["flagged"]])
+            treated, baseline = keep(cell[cell["arm"] == arm]), keep(cell[cell["arm"] == BASELINE])
+            effects = paired_values(test, _by_seed(treated, test.column), _by_seed(baseline, test.column))
+            family.append((f"{arm} vs {BASELINE}", test, effects))
+    return judge_family(family)
+
+
+def plateau(scalars: pd.DataFrame, staleness: int) -> dict:
+    """Recompute's gain between its last two evals, over seeds: holds when the 95% interval's
+    upper end is below PLATEAU_GAIN."""
+    runs = scalars[(scalars["staleness"] == staleness) & (scalars["arm"] == BASELINE)]
+    gains = [e[-1] - e[-2] for e in runs["evals"] if isinstance(e, list) and len(e) >= 2]
+    interval = mean_ci(gains)
+    holds = interval.known and interval.high < PLATEAU_GAIN
+    return {"gain": interval.mean, "low": interval.low, "high": interval.high, "n": interval.n, "holds": holds}
+
+
+def collapsed(row) -> bool:
+    """Tier B's criterion: the last eval below half the best, or analysis.outcomes flags the run."""
+    evals = row["evals"] if isinstance(row["evals"], list) else []
+    return bool(row["flagged"]) or (len(evals) > 0 and evals[-1] < COLLAPSE_FRACTION * max(evals))
+
+
+def stress_family(scalars: pd.DataFrame, staleness: int = 8) -> pd.DataFrame:
+    """Per (lr, minibatches) cell and loglinear arm: collapse counts against recompute, Fisher's
+    exact two-sided p, Holm over every cell and arm."""
+    runs = scalars[scalars["staleness"] == staleness].copy()
+    runs["collapsed"] = [collapsed(row) for _, row in runs.iterrows()]
+    rows = []
+    for (lr, m), cell in runs.groupby(["lr", "n_minibatches"]):
+        base = cell[cell["arm"] == BASELINE]["collapsed"]
+        for arm in ARMS:
+            ours = cell[cell["arm"] == arm]["collapsed"]
+            table = [[int(base.sum()), int((~base).sum())], [int(ours.sum()), int((~ours).sum())]]
+            p = float(scipy_stats.fisher_exact(table)[1]) if len(base) and len(ours) else math.nan
+            rows.append({"lr": lr, "n_minibatches": m, "arm": arm, "recompute_collapsed": f"{table[0][0]}/{len(base)}",
+                         "arm_collapsed": f"{table[1][0]}/{len(ours)}", "p": p,
+                         "more": "recompute" if table[0][0] / max(len(base), 1) > table[1][0] / max(len(ours), 1)
+                         else "loglinear"})
+    out = pd.DataFrame(rows)
+    if len(out):
+        out["p_holm"] = holm(list(out["p"]))
+        out["verdict"] = [f"{more} collapses more" if p < 0.05 else "no difference shown"
+                          for more, p in zip(out["more"], out["p_holm"])]
+    return out
+
+
+ARM_COLUMNS = ("last_evals_reward", "entropy", "clip_ratio", "iw_max", "total_ratio_max", "kl_k3", "cpu_time_s")
+PAPER_MARGIN = 0.02  # the paper's "within 2%", relative to recompute's reward
+
+
+def _shown(row: pd.Series) -> str:
+    """Effect [95% interval]; a log ratio shown as the ratio it is."""
+    scale = next(t.scale for t in TESTS if t.label == row["label"])
+    values = (row["effect"], row["low"], row["high"])
+    if scale == "log_ratio":
+        values = tuple(math.exp(v) if np.isfinite(v) else v for v in values)
+    effect, low, high = (fmt(v, 3) for v in values)
+    return f"{effect} [{low}, {high}]" + ("x" if scale == "log_ratio" else "")
+
+
+def family_table(family: pd.DataFrame) -> str:
+    headers = ["comparison", "test", "quantity", "seeds", "effect [95% CI]", "p", "p (Holm)", "verdict, raw", "**verdict**"]
+    rows = [[r["comparison"], r["label"], r["quantity"], r["n"], _shown(r), fmt(r["p"], 2), fmt(r["p_holm"], 2),
+             r["verdict_raw"], f"**{r['verdict']}**"] for _, r in family.iterrows()]
+    return markdown_table(headers, rows, numeric_from=len(headers))
+
+
+def arm_table(scalars: pd.DataFrame, staleness: int) -> str:
+    cell = scalars[scalars["staleness"] == staleness]
+    rows = []
+    for arm in (BASELINE, *ARMS):
+        runs = cell[cell["arm"] == arm]
+        rows.append([arm, len(runs), int(runs["flagged"].sum()),
+                     *(f"{fmt(runs[c].mean(), 3)} ± {fmt(runs[c].std(), 2)}" for c in ARM_COLUMNS)])
+    return markdown_table(["arm", "runs", "flagged", *ARM_COLUMNS], rows, numeric_from=1)
+
+
+def power_lines(family: pd.DataFrame, scalars: pd.DataFrame, staleness: int) -> list[str]:
+    """The reward's observed spread, the MDE at the seeds there are, and the seeds a TOST needs."""
+    lines = []
+    base = scalars[(scalars["staleness"] == staleness) & (scalars["arm"] == BASELINE)]["last_evals_reward"].mean()
+    for _, row in family[family["label"] == "R'"].iterrows():
+        n = int(row["n"])
+        if n < 2 or not np.isfinite(row["high"]):
+            continue
+        sd = sd_from_interval(row["low"], row["high"], n)
+        paper = PAPER_MARGIN * base if np.isfinite(base) else math.nan
+        lines.append(f"- {row['comparison']}: sd of the paired reward difference {fmt(sd, 3)} over {n} seeds; "
+                     f"MDE {fmt(minimum_detectable_effect(sd, n), 3)}; seeds a TOST at ±{MARGIN:g} needs at a true "
+                     f"difference 0: {tost_seeds_needed(0.0, sd, MARGIN)}; at the paper's 2% (±{fmt(paper, 3)}): "
+                     f"{tost_seeds_needed(0.0, sd, paper) if np.isfinite(paper) else 'n/a'}.")
+    return lines
+
+
+def stress_table(stress: pd.DataFrame) -> str:
+    headers = ["lr", "minibatches", "arm", "recompute collapsed", "arm collapsed", "p", "p (Holm)", "**verdict**"]
+    rows = [[f"{r['lr']:g}", r["n_minibatches"], r["arm"], r["recompute_collapsed"], r["arm_collapsed"],
+             fmt(r["p"], 2), fmt(r["p_holm"], 2), f"**{r['verdict']}**"] for _, r in stress.iterrows()]
+    return markdown_table(headers, rows, numeric_from=len(headers))
+
+
+def report(scalars: pd.DataFrame, staleness: int, stress: pd.DataFrame | None = None) -> str:
+    family = tier_family(scalars, staleness)
+    check = plateau(scalars, staleness)
+    lines = [f"# S6 at d = {staleness}: the claims on the words testbed", "",
+             "Pre-registered in docs/studies/s6.md (tests, margin, Holm family, verdict rules). Regenerate:", "",
+             "```", f"python -m analysis.studies.s6 LOGS --staleness {staleness} --out THIS_FILE", "```", "",
+             "## Arms (mean ± sd over runs)", "", arm_table(scalars, staleness), "",
+             f"## The family: {len(family)} tests, Holm-adjusted", "", family_table(family), "",
+             "## Plateau check (recompute: last eval - the one before)", "",
+             f"{fmt(check['gain'], 3)} [{fmt(check['low'], 3)}, {fmt(check['high'], 3)}] over {check['n']} seeds: "
+             + ("**holds** (upper end below " if check["holds"] else "**does not hold** (upper end not below ")
+             + f"{PLATEAU_GAIN:g}).", "", "## Power at the observed spread", "", *power_lines(family, scalars, staleness)]
+    if stress is not None and len(stress):
+        lines += ["", "## Tier B: collapses (Fisher's exact, Holm over the cells)", "", stress_table(stress)]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("logs", nargs="+", help="the tier's sweep (run directories or a docs/logs archive)")
+    parser.add_argument("--staleness", type=int, default=8)
+    parser.add_argument("--stress", nargs="*", default=None, help="tier B's sweep, with tier A's for its base cell")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    scalars = s6_scalars(args.logs)
+    stress = stress_family(s6_scalars(args.stress + args.logs)) if args.stress else None
+    args.out.write_text(report(scalars, args.staleness, stress))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
