@@ -1,0 +1,135 @@
+"""`python -m analysis.cost_model`: what A-3PO saves at a given scale (docs/cost_model.md).
+
+    python -m analysis.cost_model predict --model qwen2.5-1.5b --device "H800 SXM" \\
+        --prompts 256 --samples 4 --prompt-len 120 --response-len 300 --response-max 1024 \\
+        --trainer-devices 4 --rollout-devices 4 --bound 2 [--efficiency train=0.3,forward=0.35]
+    python -m analysis.cost_model paper
+    python -m analysis.cost_model validate BENCHMARK... --fit FIT_BENCHMARK... [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import fields, replace
+from pathlib import Path
+
+from analysis.cost_model.devices import device
+from analysis.cost_model.phases import PHASES, Efficiency, Hardware, StepShape, phase_seconds
+from analysis.cost_model.pipeline import async_step, bounding_side, serial_step, trainer_side
+from analysis.cost_model.setting import (SUITE_H200, architecture, implied_by_areal, paper_shape, predictions,
+                                          requirements)
+from analysis.cost_model.validate import load_report, validation_rows
+from analysis.markdown import markdown_table
+
+
+def _efficiency(text: str) -> Efficiency:
+    """`train=0.3,forward=0.35` over SUITE_H200's figures; a bad key names the ones allowed."""
+    known = {f.name for f in fields(Efficiency)}
+    values = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        if key not in known:
+            raise ValueError(f"--efficiency: unknown key {key!r}; allowed: {', '.join(sorted(known))}")
+        values[key] = float(value)
+    return replace(SUITE_H200, **values)
+
+
+def predict_lines(args: argparse.Namespace) -> list[str]:
+    arch, gpu = architecture(args.model), device(args.device)
+    shape = StepShape(prompts=args.prompts, samples=args.samples, prompt_len=args.prompt_len,
+                      response_len=args.response_len, response_max=args.response_max, minibatches=args.minibatches,
+                      precision=args.precision, checkpointing=args.checkpointing)
+    flops = gpu.flops(args.precision)
+    trainer = Hardware(flops, gpu.bandwidth, args.trainer_devices, link=args.link or float("inf"))
+    rollout = Hardware(flops, gpu.bandwidth, args.rollout_devices)
+    eff, rows, steps = _efficiency(args.efficiency), [], {}
+    for algo in ("recompute", "loglinear"):
+        phases = phase_seconds(arch, shape, trainer, rollout, eff, algo)
+        side = trainer_side(phases) - phases["weight_sync"]
+        steps[algo] = (serial_step(phases) if args.pipeline == "lagged"
+                       else async_step(phases["rollout"], side, phases["weight_sync"], args.bound))
+        rows.append([algo, *(f"{phases[p]:.3f}" for p in PHASES), f"{steps[algo]:.3f}",
+                     "-" if args.pipeline == "lagged" else bounding_side(phases["rollout"], side, args.bound)])
+    speedup = steps["recompute"] / steps["loglinear"]
+    return [markdown_table(["algo", *(f"{p} (s)" for p in PHASES), "step (s)", "bounded by"], rows), "",
+            f"loglinear over recompute: {speedup:.3f}x, {100 * (1 - 1 / speedup):.1f}% less training time "
+            f"({args.pipeline}{'' if args.pipeline == 'lagged' else f', bound {args.bound}'})."]
+
+
+def paper_lines() -> list[str]:
+    rows = []
+    for response in (150, 300, 600):
+        shape = paper_shape(response)
+        for name, eff in (("this suite's trainer on an H200", SUITE_H200), ("implied by AReaL's times",
+                                                                              implied_by_areal(shape))):
+            p = predictions(eff, shape)
+            rows.append([str(response), name, f"{eff.forward:.3f} / {eff.train:.3f}",
+                         f"{p['recompute_rollout_s']:.1f}",
+                         f"{p['recompute_trainer_s']:.1f} / {p['loglinear_trainer_s']:.1f}",
+                         f"{p['async_recompute_s']:.1f} / {p['async_loglinear_s']:.1f}", f"{p['async_speedup']:.2f}x",
+                         f"{p['recompute_side']} / {p['loglinear_side']}", f"{p['lagged_speedup']:.2f}x"])
+    needs = [[r["source"], r["what"], r["against"], f"{r['speedup']:.2f}x",
+              "-" if r["against"] != "recompute" else f"{r['forward_over_train_efficiency']:.2f}"]
+             for r in requirements(paper_shape(300))]
+    return [markdown_table(["mean response", "efficiencies", "forward / train MFU", "rollout (s)",
+                            "trainer: recompute / loglinear (s)", "async step (s)", "async speedup",
+                            "bounded by", "lagged speedup"], rows), "",
+            markdown_table(["reported by", "figures", "against", "speedup",
+                            "forward's efficiency / training's, trainer-bound"], needs)]
+
+
+def validate_lines(args: argparse.Namespace) -> list[str]:
+    fit_reports = [load_report(p) for p in args.fit]
+    others = [load_report(p) for p in args.benchmarks]
+    rows = [[r["shape"] + (" (fit)" if r["fit"] else ""),
+             *(f"{r[f'{a}_predicted_s']:.2f} / {r[f'{a}_measured_s']:.2f} ({100 * r[f'{a}_error']:+.1f}%)"
+               for a in ("recompute", "loglinear")),
+             f"{r['ratio_predicted']:.3f} / {r['ratio_measured']:.3f} "
+             f"({r['ratio_predicted'] - r['ratio_measured']:+.3f})"]
+            for r in validation_rows(fit_reports, others, architecture(args.model))]
+    return [markdown_table(["shape", "recompute step: predicted / measured CPU s (error)", "loglinear step",
+                            "recompute / loglinear: predicted / measured"], rows)]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m analysis.cost_model", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("predict", help="each phase, the step and the speedup for one setting")
+    for name, kind, default in (("model", str, "qwen2.5-1.5b"), ("device", str, "H800 SXM"), ("prompts", int, 256),
+                                ("samples", int, 4), ("prompt-len", int, 120), ("response-len", float, 300.0),
+                                ("response-max", int, 1024), ("minibatches", int, 1), ("precision", str, "bf16"),
+                                ("trainer-devices", int, 4), ("rollout-devices", int, 4), ("bound", int, 2),
+                                ("link", float, 400e9), ("efficiency", str, "")):
+        p.add_argument(f"--{name}", type=kind, default=default)
+    p.add_argument("--checkpointing", action="store_true")
+    p.add_argument("--pipeline", choices=("async", "lagged"), default="async")
+    sub.add_parser("paper", help="the paper's setting against the reported speedups")
+    v = sub.add_parser("validate", help="fit on --fit's benchmark.json files, predict the others")
+    v.add_argument("benchmarks", nargs="*", type=Path, help="the shapes to predict")
+    v.add_argument("--fit", nargs="+", type=Path, required=True,
+                   help="the fit shapes: one, or two that differ only in micro-batches")
+    v.add_argument("--model", default="smollm2-135m")
+    for q in (p, v):
+        q.add_argument("--out", type=Path, default=None, help="also write the markdown here")
+    sub.choices["paper"].add_argument("--out", type=Path, default=None)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        lines = {"predict": lambda: predict_lines(args), "paper": paper_lines,
+                 "validate": lambda: validate_lines(args)}[args.command]()
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    if args.out:
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""The paper's setting, and what the three reported speedups would each need to be true.
+
+Reported (each with its source; `docs/cost_model.md` quotes them):
+- paper v1 (arXiv 2512.06547v1): 3.46 h for recompute against 2.72 h for A-3PO, 22% less
+  training time (1.27x); the v1 abstract itself says 18%;
+- AReaL's prox_approx page (docs/en/algorithms/prox_approx.md, PR #600): 207 min against 163 min
+  for 300 steps of Qwen2.5-1.5B-Instruct on GSM8K, 256 prompts x 4 samples, 1,024 new tokens
+  (1.27x; 41.4 s and 32.6 s a step);
+- paper v3 and the authors' blog: 1.8x, which the blog's table gives for Qwen3-8B on
+  DAPO-Math-17k against *synchronous GRPO* (26.15 h against 14.54 h); against recompute in the
+  same table it is 16.10 h against 14.54 h (1.11x), and for Qwen2.5-1.5B 1.82 h against 1.53 h
+  (1.19x).
+
+The setting (AReaL's example `examples/experimental/prox_approx/gsm8k_grpo_prox_approx.yaml`):
+one node of 8 GPUs, `allocation_mode: sglang:d4p1t1+d4p1t1` (4 for rollout, 4 for FSDP
+training), bf16, 1 minibatch a step, no gradient checkpointing, weights broadcast over NCCL.
+The GPU type of the timed runs is not published; AReaL's GSM8K recipe names 8 H800s.
+
+Efficiencies are inputs, not facts about the paper's runs (which published no utilisation):
+- `SUITE_H200`: what this suite's own trainer reached on an H200 at the paper's shape
+  (docs/gpu_runs.md, 2026-11-26: the recompute forward at ~130 TFLOP/s, the training pass at
+  ~170 of a 989 TFLOP/s peak); the rollout as a continuous-batching engine (SGLang, vLLM) is
+  assumed to reach half the memory bandwidth with 5 ms of fixed cost per decode step;
+- `implied_by_areal`: the trainer's efficiencies that AReaL's own step times imply if the
+  pipeline is trainer-bound (41.4 s and 32.6 s a step, the 8.8 s difference being the forward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import NamedTuple
+
+from a3po.run.memory_model import SMOLLM2_135M, Architecture, architecture_from
+from analysis.cost_model.devices import device
+from analysis.cost_model.phases import Efficiency, Hardware, StepShape, forward_flops, phase_seconds, train_flops
+from analysis.cost_model.pipeline import async_step, bounding_side, serial_step, trainer_side
+
+__all__ = ["ARCHITECTURES", "architecture", "Reported", "REPORTED", "required_forward_ratio", "SUITE_H200",
+           "paper_shape", "paper_hardware", "implied_by_areal", "predictions", "requirements"]
+
+# config.json's fields (Hugging Face hub), each as its model card gives it
+ARCHITECTURES = {
+    "smollm2-135m": (SMOLLM2_135M, "the converted GGUF's config.json (a3po.run.memory_model.SMOLLM2_135M)"),
+    "qwen2.5-1.5b": ({"vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+                      "num_attention_heads": 12, "num_key_value_heads": 2, "head_dim": 128,
+                      "tie_word_embeddings": True, "model_type": "qwen2"},
+                     "Qwen/Qwen2.5-1.5B-Instruct config.json: 1.54 B parameters, 1.31 B non-embedding (model card)"),
+    "qwen3-8b": ({"vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+                  "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                  "tie_word_embeddings": False, "attention_bias": False},
+                 "Qwen/Qwen3-8B config.json: 8.2 B parameters (model card)"),
+}
+
+
+def architecture(name: str) -> Architecture:
+    if name not in ARCHITECTURES:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(sorted(ARCHITECTURES))}")
+    return architecture_from(ARCHITECTURES[name][0])
+
+
+class Reported(NamedTuple):
+    source: str
+    what: str
+    baseline_s: float   # the slower run's training time (seconds), whatever its unit was
+    a3po_s: float
+    baseline: str       # what the speedup is against
+
+    @property
+    def speedup(self) -> float:
+        return self.baseline_s / self.a3po_s
+
+
+REPORTED = (
+    Reported("paper v1", "3.46 h vs 2.72 h (22% less)", 3.46 * 3600, 2.72 * 3600, "recompute"),
+    Reported("AReaL prox_approx docs", "207 vs 163 min, 300 steps", 207 * 60, 163 * 60, "recompute"),
+    Reported("paper v3 / blog, Qwen3-8B", "26.15 h vs 14.54 h", 26.15 * 3600, 14.54 * 3600, "synchronous GRPO"),
+    Reported("blog, Qwen3-8B", "16.10 h vs 14.54 h", 16.10 * 3600, 14.54 * 3600, "recompute"),
+    Reported("blog, Qwen2.5-1.5B", "1.82 h vs 1.53 h", 1.82 * 3600, 1.53 * 3600, "recompute"),
+)
+
+
+def required_forward_ratio(speedup: float, forward_flops: float, rest_flops_equivalent: float) -> float:
+    """The recompute forward's efficiency relative to the rest of the bounding side's work
+    that a speedup needs: with the forward taking F / e_f and the rest R / e_r on the side that
+    sets the pace, speedup = 1 + (F / e_f) / (R / e_r), so e_f / e_r = (F / R) / (speedup - 1).
+    Above 1 the forward must run more efficiently than the rest; far below 1, much less."""
+    if speedup <= 1:
+        raise ValueError(f"a speedup above 1 is needed, got {speedup!r}")
+    return (forward_flops / rest_flops_equivalent) / (speedup - 1)
+
+
+SUITE_H200 = Efficiency(prefill=0.3, decode=0.5, decode_step_s=0.005, forward=130 / 989, train=170 / 989,
+                        optimizer=0.5)
+AREAL_STEP_S = {"recompute": 207 * 60 / 300, "loglinear": 163 * 60 / 300}
+
+
+def paper_shape(response_len: float = 300, prompt_len: int = 120) -> StepShape:
+    """256 prompts x 4 samples, up to 1,024 new tokens, 1 minibatch, bf16, no checkpointing."""
+    return StepShape(prompts=256, samples=4, prompt_len=prompt_len, response_len=response_len, response_max=1024,
+                     minibatches=1, precision="bf16", checkpointing=False)
+
+
+def paper_hardware(name: str = "H800 SXM") -> tuple[Hardware, Hardware]:
+    """(trainer, rollout): 4 GPUs each; the weights broadcast over NVLink at 400 GB/s (H800)."""
+    gpu = device(name)
+    trainer = Hardware(gpu.flops("bf16"), gpu.bandwidth, devices=4, link=400e9)
+    return trainer, Hardware(gpu.flops("bf16"), gpu.bandwidth, devices=4)
+
+
+def implied_by_areal(shape: StepShape, gpu: str = "H800 SXM") -> Efficiency:
+    """The forward's and the training pass's MFU that make the trainer side take AReaL's
+    reported step times (the optimizer and sync at SUITE_H200's figures)."""
+    arch, (trainer, rollout) = architecture("qwen2.5-1.5b"), paper_hardware(gpu)
+    base = phase_seconds(arch, shape, trainer, rollout, SUITE_H200, "loglinear")
+    peak = trainer.flops * trainer.devices
+    prox_s = AREAL_STEP_S["recompute"] - AREAL_STEP_S["loglinear"]
+    train_s = AREAL_STEP_S["loglinear"] - base["optimizer"] - base["weight_sync"]
+    return replace(SUITE_H200, forward=forward_flops(arch, shape) / (peak * prox_s),
+                   train=train_flops(arch, shape) / (peak * train_s))
+
+
+def predictions(eff: Efficiency, shape: StepShape, gpu: str = "H800 SXM", bound: int = 2) -> dict[str, float | str]:
+    """Recompute's and loglinear's step (async at `bound`, and lagged on the same 8 GPUs in
+    turn), the speedups, and the side that bounds the async pipeline."""
+    arch, (trainer, rollout) = architecture("qwen2.5-1.5b"), paper_hardware(gpu)
+    out: dict[str, float | str] = {}
+    for algo in ("recompute", "loglinear"):
+        phases = phase_seconds(arch, shape, trainer, rollout, eff, algo)
+        side = trainer_side(phases) - phases["weight_sync"]
+        out[f"async_{algo}_s"] = async_step(phases["rollout"], side, phases["weight_sync"], bound)
+        # lagged: all 8 GPUs do each phase in turn (twice the devices for each)
+        doubled = phase_seconds(arch, shape, replace(trainer, devices=8, link=float("inf")),
+                                replace(rollout, devices=8), eff, algo)
+        out[f"lagged_{algo}_s"] = serial_step(doubled)
+        out[f"{algo}_rollout_s"], out[f"{algo}_trainer_s"] = phases["rollout"], side
+        out[f"{algo}_side"] = bounding_side(phases["rollout"], side, bound)
+    out["async_speedup"] = out["async_recompute_s"] / out["async_loglinear_s"]
+    out["lagged_speedup"] = out["lagged_recompute_s"] / out["lagged_loglinear_s"]
+    return out
+
+
+def requirements(shape: StepShape) -> list[dict[str, float | str]]:
+    """Per reported speedup against recompute: the recompute forward's efficiency relative to
+    the training pass's that it needs on a trainer-bound pipeline (the optimizer aside)."""
+    arch = architecture("qwen2.5-1.5b")
+    ratio_flops = (forward_flops(arch, shape), train_flops(arch, shape))
+    rows = [{"source": r.source, "what": r.what, "against": r.baseline, "speedup": r.speedup,
+             "forward_over_train_efficiency": required_forward_ratio(r.speedup, *ratio_flops)
+             if r.baseline == "recompute" else float("nan")} for r in REPORTED]
+    # the 1.8x as a reader of the abstract takes it: against recompute
+    return rows + [{"source": "paper v3 abstract, read as against recompute", "what": "1.8x", "against": "recompute",
+                    "speedup": 1.8, "forward_over_train_efficiency": required_forward_ratio(1.8, *ratio_flops)}]
