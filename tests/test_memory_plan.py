@@ -80,11 +80,11 @@ def test_the_qwen_parts_match_hand_computations():
 
 
 def test_the_cli_plans_a_layout_and_exits_2_where_the_start_would_refuse():
-    ok = subprocess.run([sys.executable, "-m", "a3po.run.memory_check", "--gpu-memory-gib", "79.6", "--world", "7",
+    ok = subprocess.run([sys.executable, "-m", "a3po.run.memory_plan", "--gpu-memory-gib", "79.6", "--world", "7",
                          "experiment=paper_gsm8k", "layout=gpu8"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert "[cuda:0]" in ok.stdout and "[cuda:7]" in ok.stdout and "FSDP2 gathered weights" in ok.stdout
-    refused = subprocess.run([sys.executable, "-m", "a3po.run.memory_check", "--gpu-memory-gib", "40",
+    refused = subprocess.run([sys.executable, "-m", "a3po.run.memory_plan", "--gpu-memory-gib", "40",
                               "experiment=paper_gsm8k"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2
     assert "error: memory check: this run needs an estimated" in refused.stdout

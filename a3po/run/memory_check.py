@@ -1,7 +1,7 @@
 """The memory check at start (a3po.run.main.run, `memory_check`, conf/config.yaml): what the
 estimate (a3po.run.memory) needs that only this machine and the model's files know, the
 architecture without a weight, the task's longest prompt, the memory a device can still
-give, and the verdict. `python -m a3po.run.memory_check [overrides]` prints the breakdown."""
+give, and the verdict. `python -m a3po.run.memory_plan [overrides]` prints the breakdown."""
 
 from __future__ import annotations
 
@@ -292,9 +292,3 @@ def check_memory(cfg: Any, trainer_device: Any, world: int = 1, is_main: bool = 
         log.warning("%s%s", message, " Starting anyway (memory_check=warn)." if level == "error" else
                     " Within 20% of the limit: starting.")
     return estimate
-
-
-if __name__ == "__main__":
-    from a3po.run.memory_plan import main
-
-    main()

@@ -209,7 +209,7 @@ class Estimate:
         return sum(p.nbytes for p in self._contributing(device))
 
     def table(self, device: str = "cpu") -> str:
-        """The estimate on `device` as a table, a part a line (`python -m a3po.run.memory_check`)."""
+        """The estimate on `device` as a table, a part a line (`python -m a3po.run.memory_plan`)."""
         lines = [f"{'part':44s} {'phase':8s} {'size':>10s}  keys; formula"]
         for part in sorted(self.parts, key=lambda p: (PHASES.index(p.phase), -p.nbytes)):
             if part.device == device:

@@ -1,4 +1,4 @@
-"""`python -m a3po.run.memory_check [--gpu-memory-gib G] [--world N] [overrides]`: the memory
+"""`python -m a3po.run.memory_plan [--gpu-memory-gib G] [--world N] [overrides]`: the memory
 estimate's breakdown for a config, on this machine or planned for GPUs it does not have.
 
 Without `--gpu-memory-gib` the estimate is the start-up check's (a3po.run.memory_check) on this
@@ -69,7 +69,7 @@ def _compose(overrides: Sequence[str]):
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m a3po.run.memory_check", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m a3po.run.memory_plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpu-memory-gib", type=float, help="plan for GPUs of this many GiB (79.6: an H100 80GB)")
     parser.add_argument("--world", type=int, default=1, help="torchrun processes (trainer GPUs) when planning")
     parser.add_argument("--host-memory-gib", type=float, help="host memory to hold the host-side parts against")
