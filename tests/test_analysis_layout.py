@@ -2,8 +2,7 @@
 paper's figures (figures/), the claims rule (claims/), the anchor's models (anchor/) and one
 module per study (studies/). Studies never import each other, nothing imports in a cycle, no
 module shares a name with one in a3po/ (and a3po has no import cycle either), and a study has one
-name across its experiment file,
-its pre-registration and its report."""
+name across its experiment file, its pre-registration and its report."""
 
 from __future__ import annotations
 
