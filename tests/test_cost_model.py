@@ -210,3 +210,13 @@ def test_the_validation_table_regenerates_from_the_committed_benchmarks():
     assert table in (REPO / "docs" / "cost_model.md").read_text()
     rows = [line for line in table.splitlines()[2:] if "(fit)" not in line]
     assert len(rows) == 7
+
+
+def test_the_paper_tables_regenerate():
+    """docs/cost_model.md's paper's-setting and requirements tables are what `paper` prints."""
+    from analysis.cost_model.__main__ import paper_lines
+    from conftest import REPO
+
+    page = (REPO / "docs" / "cost_model.md").read_text()
+    tables = [block for block in paper_lines() if block]
+    assert len(tables) == 2 and all(table in page for table in tables)
