@@ -2,7 +2,8 @@
 
 Reported (each with its source; `docs/cost_model.md` quotes them):
 - paper v1 (arXiv 2512.06547v1): 3.46 h for recompute against 2.72 h for A-3PO, 22% less
-  training time (1.27x); the v1 abstract itself says 18%;
+  training time (1.27x), as this project's issue quotes its table (the table itself was not
+  found in the stored copies; the v1 abstract says 18%);
 - AReaL's prox_approx page (docs/en/algorithms/prox_approx.md, PR #600): 207 min against 163 min
   for 300 steps of Qwen2.5-1.5B-Instruct on GSM8K, 256 prompts x 4 samples, 1,024 new tokens
   (1.27x; 41.4 s and 32.6 s a step);
