@@ -141,3 +141,11 @@ def test_a_rank_other_than_0_checks_its_own_gpu_and_never_asks_the_rollout_gpu(t
     asked.clear()
     check.check_memory(tiny_cfg(), "cuda:0", world=7, is_main=True)
     assert sorted(asked) == ["cpu", "cuda:3", "cuda:7"]
+
+
+def test_the_old_command_names_the_new_one():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "a3po.run.memory_check"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "python -m a3po.run.memory_plan" in done.stderr
