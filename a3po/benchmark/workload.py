@@ -85,10 +85,11 @@ def algo_label(spec: str) -> str:
     return algo if ":" not in spec else f"{algo}-{schedule}"
 
 
-def make_trainer(cfg: RunConfig | DictConfig, policy: torch.nn.Module, tokenizer: Any, algo: str, schedule: str,
+def make_trainer(cfg: RunConfig, policy: torch.nn.Module, tokenizer: Any, algo: str, schedule: str,
                  device: torch.device, timer: PhaseTimer, precision: str = "fp32") -> Trainer:
-    """A trainer built as a3po.run.main builds it from `cfg`, with `algo=<algo>
-    schedule=<schedule>` composed as training composes them."""
+    """A trainer built as a3po.run.main builds it from the typed `cfg`, with `algo=<algo>
+    schedule=<schedule>` composed as training composes them (the two axis groups are the one
+    thing typed here: an axis choice is this benchmark's to make)."""
     groups = compose([f"algo={algo}", f"schedule={schedule}"])
     run_cfg = RunConfig.of(cfg, algo=as_plain(groups.algo), schedule=as_plain(groups.schedule), precision=precision)
     return Trainer(policy, run_cfg, pad_id=tokenizer.pad_token_id, device=device, timer=timer)
