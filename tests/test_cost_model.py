@@ -146,11 +146,11 @@ def test_the_fit_reproduces_the_shape_it_was_fitted_on(tmp_path):
 
 def test_validation_rows_predict_another_shape_and_say_how_far_off(tmp_path):
     from analysis.cost_model.setting import architecture
-    from analysis.cost_model.validate import load_report, validation_rows
+    from analysis.cost_model.validate import fit, load_report, validation_rows
 
-    fit_report = load_report(_benchmark(tmp_path, "fit"))
+    fit_report, arch = load_report(_benchmark(tmp_path, "fit")), architecture("smollm2-135m")
     other = load_report(_benchmark(tmp_path, "m8", minibatches=8, optimizer=False))
-    rows = validation_rows([fit_report], [other], architecture("smollm2-135m"))
+    rows = validation_rows(fit([fit_report], arch), [fit_report], [other], arch)
     assert [r["fit"] for r in rows] == [True, False]
     assert rows[0]["loglinear_error"] == pytest.approx(0.0) and rows[0]["recompute_error"] == pytest.approx(0.0)
     # 4 more AdamW steps at the fitted 0.07 s each, the same measured steps: the model predicts 0.28 s more
@@ -208,8 +208,9 @@ def test_the_validation_table_regenerates_from_the_committed_benchmarks():
                                       f"{REPO}/{logs}/4x4-r64-m4.json", f"{REPO}/{logs}/4x4-r64-m1.json"])
     table = "\n".join(validate_lines(args))
     assert table in (REPO / "docs" / "cost_model.md").read_text()
-    rows = [line for line in table.splitlines()[2:] if "(fit)" not in line]
-    assert len(rows) == 7
+    assert table.startswith("Fitted: the recompute forward at ")
+    rows = [line for line in table.splitlines() if line.startswith("| ") and ("bf16" in line or "fp32" in line)]
+    assert len(rows) == 9 and sum("(fit)" not in row for row in rows) == 7
 
 
 def test_the_paper_tables_regenerate():

@@ -19,7 +19,7 @@ from analysis.cost_model.phases import PHASES, Efficiency, Hardware, StepShape, 
 from analysis.cost_model.pipeline import async_step, bounding_side, serial_step, trainer_side
 from analysis.cost_model.setting import (SUITE_H200, architecture, implied_by_areal, paper_shape, predictions,
                                           requirements)
-from analysis.cost_model.validate import load_report, validation_rows
+from analysis.cost_model.validate import fit, load_report, validation_rows
 from analysis.markdown import markdown_table
 
 
@@ -46,7 +46,7 @@ def predict_lines(args: argparse.Namespace) -> list[str]:
     eff, rows, steps = _efficiency(args.efficiency), [], {}
     for algo in ("recompute", "loglinear"):
         phases = phase_seconds(arch, shape, trainer, rollout, eff, algo)
-        side = trainer_side(phases) - phases["weight_sync"]
+        side = trainer_side(phases)
         steps[algo] = (serial_step(phases) if args.pipeline == "lagged"
                        else async_step(phases["rollout"], side, phases["weight_sync"], args.bound))
         rows.append([algo, *(f"{phases[p]:.3f}" for p in PHASES), f"{steps[algo]:.3f}",
@@ -80,15 +80,19 @@ def paper_lines() -> list[str]:
 
 
 def validate_lines(args: argparse.Namespace) -> list[str]:
-    fit_reports = [load_report(p) for p in args.fit]
-    others = [load_report(p) for p in args.benchmarks]
+    fit_reports, arch = [load_report(p) for p in args.fit], architecture(args.model)
+    others, eff = [load_report(p) for p in args.benchmarks], fit(fit_reports, arch)
     rows = [[r["shape"] + (" (fit)" if r["fit"] else ""),
              *(f"{r[f'{a}_predicted_s']:.2f} / {r[f'{a}_measured_s']:.2f} ({100 * r[f'{a}_error']:+.1f}%)"
                for a in ("recompute", "loglinear")),
              f"{r['ratio_predicted']:.3f} / {r['ratio_measured']:.3f} "
              f"({r['ratio_predicted'] - r['ratio_measured']:+.3f})"]
-            for r in validation_rows(fit_reports, others, architecture(args.model))]
-    return [markdown_table(["shape", "recompute step: predicted / measured CPU s (error)", "loglinear step",
+            for r in validation_rows(eff, fit_reports, others, arch)]
+    return [f"Fitted: the recompute forward at {100 * eff.forward:.0f}% of the measured matmul peak + "
+            f"{1000 * eff.forward_pass_s:.0f} ms a micro-batch; the training pass at {100 * eff.train:.0f}% + "
+            f"{1000 * eff.train_pass_s:.0f} ms a micro-batch; AdamW at {eff.optimizer:.2f}x the copy's bandwidth; "
+            f"{1000 * eff.decode_step_s:.0f} ms fixed a decode step.", "",
+            markdown_table(["shape", "recompute step: predicted / measured CPU s (error)", "loglinear step",
                             "recompute / loglinear: predicted / measured"], rows)]
 
 

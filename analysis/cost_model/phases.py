@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from a3po.benchmark.derive import forward_flops as benchmark_forward_flops
 from a3po.run.memory_model import Architecture
 
 __all__ = ["StepShape", "Efficiency", "Hardware", "forward_flops", "train_flops", "prefill_flops",
@@ -122,12 +123,15 @@ def non_embedding(arch: Architecture) -> int:
 
 
 def forward_flops(arch: Architecture, shape: StepShape) -> float:
-    """One forward over the step's trained tokens, as the trainer runs it."""
-    length = shape.prompt_len + shape.response_len
-    dense = 2 * non_embedding(arch) * length
-    attention = 4 * arch.hidden_size * arch.num_hidden_layers * length * (length + 1) / 2
-    head = 2 * arch.hidden_size * arch.vocab_size * shape.response_len  # at response positions: no padding
-    return shape.sequences * ((dense + attention) / (1 - shape.padding) + head)
+    """One forward over the step's trained tokens, as the trainer runs it: the benchmark's own
+    count (a3po.benchmark.derive.forward_flops) with the padded micro-batches' tokens and pairs
+    computed, and the output layer at the real response positions only."""
+    length, padded = shape.prompt_len + shape.response_len, 1 - shape.padding
+    model = {"non_embedding_params": non_embedding(arch), "hidden": arch.hidden_size,
+             "layers": arch.num_hidden_layers, "vocab": arch.vocab_size}
+    batch = {"tokens": shape.sequences * length / padded, "response_tokens": shape.sequences * shape.response_len,
+             "attention_pairs": shape.sequences * length * (length + 1) / 2 / padded}
+    return benchmark_forward_flops(model, batch)
 
 
 def train_flops(arch: Architecture, shape: StepShape) -> float:

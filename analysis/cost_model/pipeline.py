@@ -27,8 +27,9 @@ def serial_step(phases: Mapping[str, float]) -> float:
 
 
 def trainer_side(phases: Mapping[str, float]) -> float:
-    """What the trainer's devices spend on a step: everything but the rollout."""
-    return float(sum(v for k, v in phases.items() if k != "rollout"))
+    """The trainer's own work a step: everything but the rollout and the weight sync (which
+    `async_step` and `simulate_async` add to both sides, since it stalls both)."""
+    return float(sum(v for k, v in phases.items() if k not in ("rollout", "weight_sync")))
 
 
 def _check(rollout_s: float, train_s: float, sync_s: float, bound: int, steps: int) -> None:

@@ -1,30 +1,6 @@
-"""The paper's setting, and what the three reported speedups would each need to be true.
-
-Reported (each with its source; `docs/cost_model.md` quotes them):
-- paper v1 (arXiv 2512.06547v1): 3.46 h for recompute against 2.72 h for A-3PO, 22% less
-  training time (1.27x), as this project's issue quotes its table (the table itself was not
-  found in the stored copies; the v1 abstract says 18%);
-- AReaL's prox_approx page (docs/en/algorithms/prox_approx.md, PR #600): 207 min against 163 min
-  for 300 steps of Qwen2.5-1.5B-Instruct on GSM8K, 256 prompts x 4 samples, 1,024 new tokens
-  (1.27x; 41.4 s and 32.6 s a step);
-- paper v3 and the authors' blog: 1.8x, which the blog's table gives for Qwen3-8B on
-  DAPO-Math-17k against *synchronous GRPO* (26.15 h against 14.54 h); against recompute in the
-  same table it is 16.10 h against 14.54 h (1.11x), and for Qwen2.5-1.5B 1.82 h against 1.53 h
-  (1.19x).
-
-The setting (AReaL's example `examples/experimental/prox_approx/gsm8k_grpo_prox_approx.yaml`):
-one node of 8 GPUs, `allocation_mode: sglang:d4p1t1+d4p1t1` (4 for rollout, 4 for FSDP
-training), bf16, 1 minibatch a step, no gradient checkpointing, weights broadcast over NCCL.
-The GPU type of the timed runs is not published; AReaL's GSM8K recipe names 8 H800s.
-
-Efficiencies are inputs, not facts about the paper's runs (which published no utilisation):
-- `SUITE_H200`: what this suite's own trainer reached on an H200 at the paper's shape
-  (docs/gpu_runs.md, 2026-11-26: the recompute forward at ~130 TFLOP/s, the training pass at
-  ~170 of a 989 TFLOP/s peak); the rollout as a continuous-batching engine (SGLang, vLLM) is
-  assumed to reach half the memory bandwidth with 5 ms of fixed cost per decode step;
-- `implied_by_areal`: the trainer's efficiencies that AReaL's own step times imply if the
-  pipeline is trainer-bound (41.4 s and 32.6 s a step, the 8.8 s difference being the forward).
-"""
+"""The paper's setting (Qwen2.5-1.5B, AReaL's 4 + 4 GPU split), the speedups reported for it
+as data, and what each would need to be true. Where each figure and setting comes from, and
+what the efficiencies below stand on: docs/cost_model.md, "Sources"."""
 
 from __future__ import annotations
 
@@ -90,8 +66,11 @@ def required_forward_ratio(speedup: float, forward_flops: float, rest_flops_equi
     return (forward_flops / rest_flops_equivalent) / (speedup - 1)
 
 
+# this suite's trainer on an H200 at the paper's shape (docs/gpu_runs.md); the rollout as a
+# continuous-batching engine would run it (an assumption: docs/cost_model.md, "Sources")
 SUITE_H200 = Efficiency(prefill=0.3, decode=0.5, decode_step_s=0.005, forward=130 / 989, train=170 / 989,
                         optimizer=0.5)
+# AReaL's prox_approx page: 207 and 163 min for 300 steps
 AREAL_STEP_S = {"recompute": 207 * 60 / 300, "loglinear": 163 * 60 / 300}
 
 
@@ -127,7 +106,7 @@ def predictions(eff: Efficiency, shape: StepShape, gpu: str = "H800 SXM", bound:
     out: dict[str, float | str] = {}
     for algo in ("recompute", "loglinear"):
         phases = phase_seconds(arch, shape, trainer, rollout, eff, algo)
-        side = trainer_side(phases) - phases["weight_sync"]
+        side = trainer_side(phases)
         out[f"async_{algo}_s"] = async_step(phases["rollout"], side, phases["weight_sync"], bound)
         # lagged: all 8 GPUs do each phase in turn (twice the devices for each)
         doubled = phase_seconds(arch, shape, replace(trainer, devices=8, link=float("inf")),

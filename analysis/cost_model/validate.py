@@ -150,10 +150,11 @@ def _name(report: dict) -> str:
             f"{precision}")
 
 
-def validation_rows(fit_reports: list[dict], reports: list[dict], arch: Architecture) -> list[dict[str, Any]]:
-    """Per report, the fit shapes first: predicted and measured lagged steps (CPU s), the error
-    of each, and the recompute/loglinear ratio predicted and measured."""
-    eff, rows = fit(fit_reports, arch), []
+def validation_rows(eff: Efficiency, fit_reports: list[dict], reports: list[dict],
+                    arch: Architecture) -> list[dict[str, Any]]:
+    """Per report, the fit shapes first: predicted (at `eff`, fitted on `fit_reports`) and
+    measured lagged steps (CPU s), the error of each, and the recompute/loglinear ratio."""
+    rows = []
     for report in [*fit_reports, *reports]:
         seen, model = measured(report), predict(report, arch, eff)
         row = {"shape": _name(report), "fit": any(report is r for r in fit_reports)}
