@@ -5,6 +5,7 @@
         --trainer-devices 4 --rollout-devices 4 --bound 2 [--efficiency train=0.3,forward=0.35]
     python -m analysis.cost_model paper
     python -m analysis.cost_model validate BENCHMARK... --fit FIT_BENCHMARK... [--out FILE]
+    python -m analysis.cost_model validate-async RUN_DIRS... [--skip 4] [--out FILE]
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 from dataclasses import fields, replace
 from pathlib import Path
 
+from analysis.cost_model.async_runs import SKIP, async_rows
 from analysis.cost_model.devices import device
 from analysis.cost_model.phases import PHASES, Efficiency, Hardware, StepShape, phase_seconds
 from analysis.cost_model.pipeline import async_step, bounding_side, serial_step, trainer_side
@@ -96,6 +98,34 @@ def validate_lines(args: argparse.Namespace) -> list[str]:
                             "recompute / loglinear: predicted / measured"], rows)]
 
 
+def _shape_name(shape: tuple) -> str:
+    prompts, samples, new_tokens, minibatches, _model, precision = shape
+    return f"{prompts}x{samples}, r<={new_tokens}, m={minibatches}, {precision}"
+
+
+def validate_async_lines(args: argparse.Namespace) -> list[str]:
+    rows = async_rows(args.runs, args.skip)
+    if not rows:
+        raise ValueError(f"{', '.join(map(str, args.runs))}: no runtime=async run found")
+    table = [[_shape_name(r["shape"]), r["algo"], str(r["bound"]), f"{r['rollout_s']:.2f} / {r['trainer_s']:.2f}",
+              f"{r['lagged_step_s']:.2f}", f"{r['measured_s']:.2f}",
+              f"{r['from_lagged_s']:.2f} ({100 * r['from_lagged_error']:+.0f}%)",
+              f"{r['from_own_s']:.2f} ({100 * r['from_own_error']:+.1f}%)",
+              f"{r['rollout_slowdown']:.2f} / {r['trainer_slowdown']:.2f}"] for r in rows]
+    by_key = {(r["shape"], r["bound"], r["algo"]): r for r in rows}
+    ratios = [[_shape_name(shape), str(bound), f"{r['from_lagged_s'] / l['from_lagged_s']:.3f}",
+               f"{r['from_own_s'] / l['from_own_s']:.3f}", f"{r['measured_s'] / l['measured_s']:.3f}"]
+              for (shape, bound, algo), r in by_key.items() if algo == "recompute"
+              for l in [by_key.get((shape, bound, "loglinear"))] if l]
+    lines = [markdown_table(["shape", "algo", "bound", "lagged rollout / trainer (s)", "lagged step (s)",
+                             "async step: measured (s)", "predicted from lagged", "predicted from its own phases",
+                             "async slowdown: rollout / trainer"], table)]
+    if ratios:
+        lines += ["", markdown_table(["shape", "bound", "recompute / loglinear: from lagged", "from own phases",
+                                      "measured"], ratios)]
+    return lines
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m analysis.cost_model", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -114,7 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--fit", nargs="+", type=Path, required=True,
                    help="the fit shapes: one, or two that differ only in micro-batches")
     v.add_argument("--model", default="smollm2-135m")
-    for q in (p, v):
+    a = sub.add_parser("validate-async", help="simulate_async against runtime=async runs and their lagged twins")
+    a.add_argument("runs", nargs="+", type=Path, help="folders (or log archives) holding the runs")
+    a.add_argument("--skip", type=int, default=SKIP, help="steps left out: warm-up and the pipeline filling")
+    for q in (p, v, a):
         q.add_argument("--out", type=Path, default=None, help="also write the markdown here")
     sub.choices["paper"].add_argument("--out", type=Path, default=None)
     return parser
@@ -123,8 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        lines = {"predict": lambda: predict_lines(args), "paper": paper_lines,
-                 "validate": lambda: validate_lines(args)}[args.command]()
+        lines = {"predict": lambda: predict_lines(args), "paper": paper_lines, "validate": lambda: validate_lines(args),
+                 "validate-async": lambda: validate_async_lines(args)}[args.command]()
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
