@@ -64,7 +64,7 @@ DERIVED_KEYS = ("identity",)  # built from the other keys (a3po.identity): compa
 # train.fsdp_mixed_precision: every run before the key gathered float32 weights under autocast.
 # train.eval_samples: every run before the key sampled each held-out problem once.
 LEGACY_VALUES = {"precision": "fp32", "model.attn_implementation": "eager", "train.fsdp_mixed_precision": False,
-                 "train.eval_samples": 1}
+                 "train.eval_samples": 1, "train.compile": False}
 # Keys an older config.yaml holds that have moved, with their new home. The old key's value
 # was interpolated into the new home (conf/objective/ppo.yaml, conf/correction/none.yaml), or
 # unused beside another objective or correction, so the new home alone is compared.

@@ -106,6 +106,7 @@ class TrainConfig(Group):
     save_final_model: bool = rule(False, FLAG)
     warmup: bool = rule(True, FLAG)
     activation_checkpointing: bool = rule(False, FLAG)
+    compile: bool = rule(False, FLAG)
     fsdp_mixed_precision: bool = rule(False, FLAG)
     collapse_entropy: float | None = rule(
         None, "it must be a number >= 0 (nats per token; 0 never flags a collapse), or null for 1e-3", lambda v: v >= 0)

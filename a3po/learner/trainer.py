@@ -26,7 +26,7 @@ from a3po.maths.logprobs import token_logprobs, token_logprobs_and_entropy
 from a3po.maths.loss import decoupled_loss
 from a3po.maths.proximal import ALGOS
 from a3po.maths.schedules import validate_schedule
-from a3po.models.loading import enable_activation_checkpointing
+from a3po.models.loading import compiled_layers, enable_activation_checkpointing, layers_swapped
 from a3po.run_config import RunConfig
 from a3po.distributed import (SINGLE, DistInfo, all_reduce_max, all_reduce_sum, local_value, shard,
                                   wrap_fsdp)
@@ -66,6 +66,7 @@ class Trainer:
         self._logits = self._response_logits
         if cfg.train.activation_checkpointing:  # before FSDP2 shards the layers
             enable_activation_checkpointing(policy)
+        self._compiled = compiled_layers(policy, dist.world) if cfg.train.compile else None  # train.compile
         if dist.world > 1:  # the root's parameters are gathered around this call as around forward
             self._logits = wrap_fsdp(policy, forward_method=self._response_logits,
                                      mixed_precision=cfg.train.fsdp_mixed_precision)
@@ -118,31 +119,35 @@ class Trainer:
                          predicts_response: torch.Tensor) -> torch.Tensor:
         """Logits at the positions that predict a response token, one row each."""
         if self._decoder is not None:
-            hidden = self._decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-            return self._lm_head(hidden.flatten(0, 1).index_select(0, predicts_response))
+            with layers_swapped(self._decoder, self._compiled):
+                hidden = self._decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            return self._lm_head(hidden.last_hidden_state.flatten(0, 1).index_select(0, predicts_response))
         logits = self.policy(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
         return logits.flatten(0, 1).index_select(0, predicts_response)
 
     def warm_up(self, prompt_ids: list[int]) -> None:
-        """One forward + backward on a sample made of `prompt_ids`, gradients dropped: the
-        first call's set-up cost paid before step 0 (a3po.run.main.warm_up). No optimizer step,
-        no RNG drawn, so nothing a step computes changes."""
+        """The first calls' set-up cost paid before step 0 (a3po.run.main.warm_up): forward + backward
+        on two rows of `prompt_ids` (compiled layers would specialise on one), and, compiled, the no-grad
+        forward where the run recomputes. No optimizer step, no RNG, gradients dropped: no result changes."""
         ids = torch.tensor(prompt_ids, dtype=torch.long)
-        n_response = max(1, min(8, ids.numel() // 2))
-        sample = Sample(prompt_ids=ids[:-n_response], response_ids=ids[-n_response:],
-                        behave_logp=torch.zeros(n_response), versions=torch.zeros(n_response, dtype=torch.long))
-        was_training = self.policy.training
+        n = max(1, min(8, ids.numel() // 2))
+        rows = [Sample(prompt_ids=ids[:-n], response_ids=ids[-n:], behave_logp=torch.zeros(n),
+                       versions=torch.zeros(n, dtype=torch.long))] * 2
         self.policy.train()
-        logp, _ = self.response_logp([sample])  # with the entropy, as a training forward
+        logp, _ = self.response_logp(rows)  # with the entropy, as a training forward
         (logp.sum() * 0.0).backward()
         self.optimizer.zero_grad(set_to_none=True)
-        self.policy.train(was_training)
+        self.policy.eval()  # as the recompute forward runs
+        if self._compiled is not None and (self.algo.anchor in ("recompute", "hybrid") or self.fidelity):
+            with torch.no_grad():
+                self.response_logp(rows, with_entropy=False)
 
     @torch.no_grad()
     def recompute_prox_logp(self, samples: list[Sample], plans: list[list[list[int]]]) -> dict[int, torch.Tensor]:
         """`recompute`: the no-grad forward of the weights as they are at the START of the step,
-        frozen for every minibatch; the cost A-3PO removes. Sample index -> its response
-        tokens' log-probs."""
+        frozen for every minibatch; the cost A-3PO removes; in eval mode at every step (no dropout,
+        one compiled graph). Sample index -> its response tokens' log-probs."""
+        self.policy.eval()
         prox_by_sample: dict[int, torch.Tensor] = {}
         for plan in plans:
             for micro in plan:

@@ -1,15 +1,19 @@
 """Loading a Hugging Face causal LM and its tokenizer the way every a3po model is loaded:
-the dtype, the attention implementation, the padding side, the chat template check."""
+the dtype, the attention implementation, the padding side, the chat template check; and the
+trainer's optional layer-level variants (activation checkpointing, compiled layers)."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
+from a3po.errors import ConfigError
 
 __all__ = ["DTYPES", "ATTN_IMPLEMENTATION", "ATTN_IMPLEMENTATIONS", "attn_implementation", "dtype_kwargs",
-           "load_pretrained", "prepare_tokenizer", "check_chat_template", "enable_activation_checkpointing"]
+           "load_pretrained", "prepare_tokenizer", "check_chat_template", "enable_activation_checkpointing",
+           "compiled_layers", "layers_swapped"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # `model.attn_implementation`, the default and what a run directory without the key used. eager:
@@ -66,3 +70,35 @@ def enable_activation_checkpointing(model) -> None:
     checkpoint in train mode, and rollout and recompute run without gradients."""
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
+
+
+def compiled_layers(model, world: int = 1) -> torch.nn.ModuleList:
+    """`train.compile`: the decoder's layers under torch.compile with dynamic shapes, as a list
+    apart from the model. One graph serves every batch and sequence length, and every layer
+    (they run the same code on their own weights), so a run compiles once per kind of pass (with
+    and without gradients). The model keeps its eager layers: the trainer swaps these in for its
+    own forwards only (`layers_swapped`), and the rollout's decode loop, which calls the same
+    decoder with a KV cache, never traces. Single process: with FSDP2 (`world` > 1) it is not
+    validated, and refused."""
+    if world > 1:
+        raise ConfigError("train.compile=true runs in a single process only (not validated with FSDP2 yet); "
+                          "set train.compile=false under torchrun")
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    if decoder is None or not isinstance(getattr(decoder, "layers", None), torch.nn.ModuleList):
+        raise ValueError(f"train.compile: {type(model).__name__} has no decoder with a `layers` list to compile; "
+                         "set train.compile=false")
+    return torch.nn.ModuleList(torch.compile(layer, dynamic=True) for layer in decoder.layers)
+
+
+@contextmanager
+def layers_swapped(decoder: torch.nn.Module, layers: torch.nn.ModuleList | None):
+    """Run the decoder with `layers` (same parameters, compiled) in place of its own; None: as is."""
+    if layers is None:
+        yield
+        return
+    own = decoder.layers
+    decoder.layers = layers
+    try:
+        yield
+    finally:
+        decoder.layers = own
