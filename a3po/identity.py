@@ -63,6 +63,7 @@ DERIVED_KEYS = ("identity",)  # built from the other keys (a3po.identity): compa
 # model.attn_implementation: every run before the key existed computed attention with eager.
 # train.fsdp_mixed_precision: every run before the key gathered float32 weights under autocast.
 # train.eval_samples: every run before the key sampled each held-out problem once.
+# train.compile: every run before the key ran its trainer's forwards through eager layers.
 LEGACY_VALUES = {"precision": "fp32", "model.attn_implementation": "eager", "train.fsdp_mixed_precision": False,
                  "train.eval_samples": 1, "train.compile": False}
 # Keys an older config.yaml holds that have moved, with their new home. The old key's value

@@ -31,19 +31,20 @@ def _trainer_and_batch(tiny_cfg, precision, *overrides):
     return trainer, batch, engine
 
 
-def _step(tiny_cfg, precision, compile_):
-    trainer, batch, engine = _trainer_and_batch(tiny_cfg, precision, f"train.compile={str(compile_).lower()}")
+def _step(tiny_cfg, precision, compile_, *overrides):
+    trainer, batch, engine = _trainer_and_batch(tiny_cfg, precision, f"train.compile={str(compile_).lower()}", *overrides)
     logp, _ = trainer.response_logp(batch.samples[:3])
     metrics = trainer.step(batch, 2, torch.Generator().manual_seed(3))
     return trainer, logp.detach(), metrics, [p.detach().clone() for p in trainer.policy.parameters()], engine
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision,tolerance", [("fp32", 1e-5), ("bf16", 2e-2)])
-def test_compiled_step_equals_eager_within_rounding(tiny_cfg, monkeypatch, precision, tolerance):
+@pytest.mark.parametrize("precision,tolerance,overrides", [("fp32", 1e-5, ()), ("bf16", 2e-2, ()),
+                                                           ("fp32", 1e-5, ("train.activation_checkpointing=true",))])
+def test_compiled_step_equals_eager_within_rounding(tiny_cfg, monkeypatch, precision, tolerance, overrides):
     monkeypatch.setattr("torch.cpu._is_avx512_bf16_supported", lambda: True)
-    _, eager_logp, eager_metrics, eager_weights, _ = _step(tiny_cfg, precision, False)
-    trainer, logp, metrics, weights, engine = _step(tiny_cfg, precision, True)
+    _, eager_logp, eager_metrics, eager_weights, _ = _step(tiny_cfg, precision, False, *overrides)
+    trainer, logp, metrics, weights, engine = _step(tiny_cfg, precision, True, *overrides)
     assert trainer._compiled is not None
     torch.testing.assert_close(logp, eager_logp, atol=tolerance, rtol=0)
     for key in ("actor/loss", "actor/entropy", "actor/grad_norm", "offpolicy/total_ratio_max"):

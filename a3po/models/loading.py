@@ -85,7 +85,7 @@ def compiled_layers(model, world: int = 1) -> torch.nn.ModuleList:
                           "set train.compile=false under torchrun")
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     if decoder is None or not isinstance(getattr(decoder, "layers", None), torch.nn.ModuleList):
-        raise ValueError(f"train.compile: {type(model).__name__} has no decoder with a `layers` list to compile; "
+        raise ConfigError(f"train.compile: {type(model).__name__} has no decoder with a `layers` list to compile; "
                          "set train.compile=false")
     return torch.nn.ModuleList(torch.compile(layer, dynamic=True) for layer in decoder.layers)
 
