@@ -221,3 +221,25 @@ def test_the_paper_tables_regenerate():
     page = (REPO / "docs" / "cost_model.md").read_text()
     tables = [block for block in paper_lines() if block]
     assert len(tables) == 2 and all(table in page for table in tables)
+
+
+def test_the_scaling_page_step_times_are_the_models(capsys):
+    """docs/scaling.md, "Step time": each layout's row is what `predict` prints for it."""
+    from analysis.cost_model.__main__ import main
+    from conftest import REPO
+
+    page = (REPO / "docs" / "scaling.md").read_text()
+    common = ["predict", "--model", "qwen2.5-1.5b", "--device", "H100 SXM"]
+    layouts = {"1, shared, sequential, checkpointed (`gpu1`)": ["--rollout-devices", "1", "--trainer-devices", "1",
+                                                               "--pipeline", "lagged", "--link", "inf", "--checkpointing"],
+               "1 + 1 (`gpu2`)": ["--rollout-devices", "1", "--trainer-devices", "1"],
+               "1 + 3": ["--rollout-devices", "1", "--trainer-devices", "3"],
+               "1 + 7 (`gpu8`)": ["--rollout-devices", "1", "--trainer-devices", "7"],
+               "2 + 6": ["--rollout-devices", "2", "--trainer-devices", "6"]}
+    for layout, args in layouts.items():
+        assert main([*common, *args]) == 0
+        rows = {line.split("|")[1].strip(): line.split("|") for line in capsys.readouterr().out.splitlines()
+                if line.startswith("| recompute") or line.startswith("| loglinear")}
+        steps = [float(rows[algo][7]) for algo in ("recompute", "loglinear")]
+        assert f"| {layout} | {steps[0]:.1f} -> {steps[1]:.1f} |" in page, layout
+        assert f"| {steps[0] / steps[1]:.2f}x |" in page.split(f"| {layout} |")[1].splitlines()[0], layout
