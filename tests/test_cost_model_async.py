@@ -60,6 +60,11 @@ def test_the_steady_state_leaves_the_first_steps_out(tmp_path):
     assert run["interval_s"] == pytest.approx(2.0) and run["rollouts_s"] == [1.0] * 8
     with pytest.raises(ValueError, match="10 steps logged; the steady state needs at least 12"):
         read_run(run_dir, skip=10)
+    with pytest.raises(ValueError, match="skip must be >= 1"):
+        read_run(run_dir, skip=0)
+    (run_dir / "metrics.jsonl").write_text("{not json\n")
+    with pytest.raises(ValueError, match="unreadable run"):
+        read_run(run_dir)
 
 
 def test_an_async_run_without_a_lagged_twin_is_named(tmp_path):

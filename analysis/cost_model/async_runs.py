@@ -25,7 +25,7 @@ from statistics import median
 from typing import Any
 
 from analysis.cost_model.pipeline import simulate_async, steady_interval
-from analysis.load import find_run_dirs, read_config
+from analysis.load import UnusableRun, find_run_dirs, read_config
 from analysis.runs import lookup
 
 __all__ = ["SKIP", "read_run", "pair_runs", "async_rows"]
@@ -41,9 +41,14 @@ def _shape(config: dict) -> tuple:
 def read_run(run_dir: Path, skip: int = SKIP) -> dict[str, Any]:
     """One run's identity and steady-state figures (seconds, wall): the step interval and the
     per-step medians of its rollout, its trainer side and its weight sync, from step `skip` on."""
-    config = read_config(run_dir)
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if "time/step" in r]
+    if skip < 1:
+        raise ValueError(f"skip must be >= 1 (the interval starts after step skip - 1), got {skip}")
+    try:
+        config = read_config(run_dir)
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        rows = [r for r in (json.loads(line) for line in lines if line.strip()) if "time/step" in r]
+    except (UnusableRun, OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{run_dir}: unreadable run ({error})") from error
     if len(rows) < skip + 2:
         raise ValueError(f"{run_dir}: {len(rows)} steps logged; the steady state needs at least {skip + 2}")
     runtime = lookup(config, "runtime.name")
