@@ -68,6 +68,8 @@ def validate_world(cfg: DictConfig, world: int) -> None:
     _require(world == 1 or not cfg.train.get("grad_fidelity_every", 0), "train.grad_fidelity_every",
              cfg.train.get("grad_fidelity_every"), f"0 with a world size of {world} processes (it compares one rank's "
              "whole gradient; FSDP shards it)")
+    _require(world == 1 or not cfg.train.get("compile", False), "train.compile", cfg.train.get("compile"),
+             f"false with a world size of {world} processes (compiled layers are not validated with FSDP2 yet)")
     train = cfg.train
     n = train.n_prompts * train.n_samples
     smallest = n // train.n_minibatches

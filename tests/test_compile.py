@@ -77,7 +77,15 @@ def test_compile_refuses_a_model_without_decoder_layers():
         compiled_layers(torch.nn.Linear(2, 2))
 
 
-def test_compile_under_several_ranks_fails_at_start(tiny_cfg):
+def test_compile_under_several_ranks_fails_before_the_run_starts(tiny_cfg):
+    from a3po.config import validate_world
+
+    validate_world(tiny_cfg("train.compile=true"), 1)
+    with pytest.raises(ConfigError, match="train.compile=True is not allowed; false with a world size of 2"):
+        validate_world(tiny_cfg("train.compile=true"), 2)
+
+
+def test_the_trainer_refuses_compile_under_several_ranks_too(tiny_cfg):
     from a3po.distributed import DistInfo
     from a3po.learner.trainer import Trainer
     from a3po.models import load_policy
