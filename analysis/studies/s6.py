@@ -1,33 +1,35 @@
 """S6's rules, as docs/studies/s6.md registers them, applied to its sweeps.
 
     python -m analysis.studies.s6 docs/logs/s6.tar.xz --staleness 8 --out docs/reports/s6.md \
-        [--stress docs/logs/s6_stress.tar.xz]
+        --figures-dir docs/reports/s6 --deviations docs/studies/s6.md [--stress docs/logs/s6_stress.tar.xz]
 
 Tier A (or C, `--staleness 2`): loglinear `inverse` and `step_start`, each against recompute,
 paired by seed, through `TESTS` (`analysis.family`: raw and Holm-adjusted verdicts over the
 tier's 30 tests), the plateau check on recompute's last two evals, and, with `--stress`, tier
 B's collapse counts by Fisher's exact test (Holm over its cells); the report in markdown:
 the family's raw and Holm-adjusted verdicts, per-arm means, the plateau check, the power at
-the observed spread and tier B's collapse table.
+the observed spread, tier B's collapse table and the figures (analysis/studies/s6_figures.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
+from analysis.claims.contrasts import deviations_flag, provenance_table, write_study_report
 from analysis.family import FamilyTest, judge_family, paired_values
 from analysis.load import load_configs, load_runs
 from analysis.markdown import fmt, markdown_table
 from analysis.outcomes import with_outcomes
 from analysis.power import minimum_detectable_effect, sd_from_interval, tost_seeds_needed
+from analysis.provenance import figures_markdown, generated_line, provenance
 from analysis.scalars import run_scalars
 from analysis.stats import holm, mean_ci
+from analysis.studies.s6_figures import s6_figures
 
 ARMS = ("inverse", "step_start")  # the loglinear schedules each compared with recompute
 BASELINE = "recompute"
@@ -69,10 +71,10 @@ def _evals(df: pd.DataFrame) -> pd.Series:
     return evals.groupby(["experiment", "run"])["value"].agg(list).rename("evals")
 
 
-def s6_scalars(paths) -> pd.DataFrame:
-    """One row per run: `run_scalars`, outcomes, the arm, lr and minibatches (from each run's
-    config), its evals, the steady means of `STEADY_EXTRAS` and the anchor effect."""
-    df = load_runs(paths)
+def s6_scalars(df: pd.DataFrame, configs) -> pd.DataFrame:
+    """One row per run of `df` (`load_runs`): `run_scalars`, outcomes, the arm, lr and
+    minibatches (from each run's `configs`), its evals, the steady means of `STEADY_EXTRAS` and
+    the anchor effect."""
     scalars = with_outcomes(run_scalars(df), df).set_index(["experiment", "run"])
     steady = df[df["step"] >= df["max_staleness"]]
     for column, metric in STEADY_EXTRAS.items():
@@ -81,7 +83,6 @@ def s6_scalars(paths) -> pd.DataFrame:
     scalars["clip_own_anchor"] = own.groupby(["experiment", "run"])["value"].mean()
     scalars["anchor_effect"] = scalars["clip_own_anchor"] - scalars["clip_recompute_anchor"]
     scalars = scalars.join(_evals(df))
-    configs = load_configs(paths)
     scalars["lr"] = [float(configs[key]["train"]["lr"]) for key in scalars.index]
     scalars["n_minibatches"] = [int(configs[key]["train"]["n_minibatches"]) for key in scalars.index]
     scalars = scalars.reset_index()
@@ -201,35 +202,51 @@ def stress_table(stress: pd.DataFrame) -> str:
     return markdown_table(headers, rows, numeric_from=len(headers))
 
 
-def report(scalars: pd.DataFrame, staleness: int, stress: pd.DataFrame | None = None) -> str:
+def _command(args: argparse.Namespace) -> str:
+    return (f"python -m analysis.studies.s6 {' '.join(map(str, args.logs))} --staleness {args.staleness}"
+            + (f" --stress {' '.join(map(str, args.stress))}" if args.stress else "")
+            + f" --out {args.out} --figures-dir {args.figures_dir}" + deviations_flag(args))
+
+
+def load_s6(paths) -> tuple[pd.DataFrame, dict, pd.DataFrame]:
+    """The runs of `paths` (`load_runs`), their configs and their `s6_scalars`."""
+    df, configs = load_runs(paths), load_configs(paths)
+    return df, configs, s6_scalars(df, configs)
+
+
+def report(args: argparse.Namespace) -> list[str]:
+    """The report's lines (markdown) from the parsed command line."""
+    df, configs, scalars = load_s6(args.logs)
+    staleness = args.staleness
     family = tier_family(scalars, staleness)
     check = plateau(scalars, staleness)
+    cell = scalars[scalars["staleness"] == staleness]
     lines = [f"# S6 at d = {staleness}: the claims on the words testbed", "",
-             "Pre-registered in docs/studies/s6.md (tests, margin, Holm family, verdict rules). Regenerate:", "",
-             "```", f"python -m analysis.studies.s6 LOGS --staleness {staleness} --out THIS_FILE", "```", "",
+             generated_line(_command(args)) + " Pre-registered in docs/studies/s6.md (tests, margin, Holm family, "
+             "verdict rules); its deviations end this page.", "",
+             "## Provenance", "", provenance(args.logs, cell, configs, df.attrs.get("skipped", ())), "",
+             provenance_table(cell, [("d", "staleness")]), "",
              "## Arms (mean ± sd over runs)", "", arm_table(scalars, staleness), "",
-             f"## The family: {len(family)} tests, Holm-adjusted", "", family_table(family), "",
+             f"## The family: {len(family)} tests, Holm-adjusted", "",
+             "Verdicts as registered: \"inconclusive\" and \"no difference shown\" never count as a claim holding; "
+             "\"equivalent\" only from the TOST of R.", "", family_table(family), "",
              "## Plateau check (recompute: last eval - the one before)", "",
              f"{fmt(check['gain'], 3)} [{fmt(check['low'], 3)}, {fmt(check['high'], 3)}] over {check['n']} seeds: "
              + ("**holds** (upper end below " if check["holds"] else "**does not hold** (upper end not below ")
              + f"{PLATEAU_GAIN:g}).", "", "## Power at the observed spread", "", *power_lines(family, scalars, staleness)]
-    if stress is not None and len(stress):
+    if args.stress:
+        stress = stress_family(load_s6([*args.stress, *args.logs])[2])
         lines += ["", "## Tier B: collapses (Fisher's exact, Holm over the cells)", "", stress_table(stress)]
-    return "\n".join(lines) + "\n"
+    return lines + ["", "## Figures", "", figures_markdown(s6_figures(df, staleness, args.figures_dir), args.out.parent)]
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("logs", nargs="+", help="the tier's sweep (run directories or a docs/logs archive)")
     parser.add_argument("--staleness", type=int, default=8)
     parser.add_argument("--stress", nargs="*", default=None, help="tier B's sweep, with tier A's for its base cell")
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
-    scalars = s6_scalars(args.logs)
-    stress = stress_family(s6_scalars(args.stress + args.logs)) if args.stress else None
-    args.out.write_text(report(scalars, args.staleness, stress))
-    print(f"wrote {args.out}")
+    return write_study_report(parser, report, argv)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
