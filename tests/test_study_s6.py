@@ -9,8 +9,8 @@ import re
 import pytest
 
 from analysis.family import FamilyTest, judge, judge_family, paired_values, run_test
+from analysis.figures.arms import _anchor_effect, arm_figures, by_version, with_arms
 from analysis.studies.s6 import collapsed, load_s6, main, plateau, stress_family, tier_family
-from analysis.studies.s6_figures import _anchor_effect, by_version, s6_figures, with_arms
 from test_report import dump_run
 
 SEEDS = (0, 1, 2, 3)
@@ -167,7 +167,7 @@ def test_rewards_line_up_by_policy_version(tmp_path):
 
 def test_the_anchor_effect_figure_data_is_own_anchor_minus_recompute(tmp_path):
     df, _, _ = load_s6([_sweep(tmp_path / "s6")])
-    s6_figures(df, 8, tmp_path / "figs")
+    arm_figures(df, 8, tmp_path / "figs", "s6")
     assert not list((tmp_path / "figs").glob("*.csv"))  # report figures: PNG only
     effect = _anchor_effect(with_arms(df).assign(x=lambda f: f["step"]))
     assert set(effect["arm"]) == {"inverse", "step_start"}

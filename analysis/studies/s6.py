@@ -8,7 +8,7 @@ paired by seed, through `TESTS` (`analysis.family`: raw and Holm-adjusted verdic
 tier's 30 tests), the plateau check on recompute's last two evals, and, with `--stress`, tier
 B's collapse counts by Fisher's exact test (Holm over its cells); the report in markdown:
 the family's raw and Holm-adjusted verdicts, per-arm means, the plateau check, the power at
-the observed spread, tier B's collapse table and the figures (analysis/studies/s6_figures.py).
+the observed spread, tier B's collapse table and the figures (analysis/figures/arms.py).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from scipy import stats as scipy_stats
 
 from analysis.claims.contrasts import deviations_flag, provenance_table, write_study_report
 from analysis.family import FamilyTest, judge_family, paired_values
+from analysis.figures.arms import arm_figures
 from analysis.load import load_configs, load_runs
 from analysis.markdown import fmt, markdown_table
 from analysis.outcomes import with_outcomes
@@ -29,7 +30,6 @@ from analysis.power import minimum_detectable_effect, sd_from_interval, tost_see
 from analysis.provenance import figures_markdown, generated_line, provenance
 from analysis.scalars import run_scalars
 from analysis.stats import holm, mean_ci
-from analysis.studies.s6_figures import s6_figures
 
 ARMS = ("inverse", "step_start")  # the loglinear schedules each compared with recompute
 BASELINE = "recompute"
@@ -237,7 +237,7 @@ def report(args: argparse.Namespace) -> list[str]:
     if args.stress:
         stress = stress_family(load_s6([*args.stress, *args.logs])[2])
         lines += ["", "## Tier B: collapses (Fisher's exact, Holm over the cells)", "", stress_table(stress)]
-    return lines + ["", "## Figures", "", figures_markdown(s6_figures(df, staleness, args.figures_dir), args.out.parent)]
+    return lines + ["", "## Figures", "", figures_markdown(arm_figures(df, staleness, args.figures_dir, "s6"), args.out.parent)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,12 +1,13 @@
-"""S6's figures (docs/studies/s6.md), one column per arm colour, seed means with min-max bands:
+"""Figures of a study whose arms (recompute and loglinear schedules) pair by seed, S6's first
+(docs/studies/s6.md): seed means with min-max bands, one colour per arm, `<study>_*_d<d>.png`:
 
-- `s6_reward_d<d>`: the held-out reward against the policy version evaluated, and the rollout
+- `<study>_reward_d<d>`: the held-out reward against the policy version evaluated, and the rollout
   reward against the version that sampled the batch (step - staleness), so the arms' rewards
   line up by policy, not by step (at d = 8 the first nine batches all come from version 0);
-- `s6_anchor_free_d<d>`: what does not depend on the proximal anchor's definition, per
+- `<study>_anchor_free_d<d>`: what does not depend on the proximal anchor's definition, per
   training step: entropy, the total ratio pi_theta / pi_behave's max, KL(pi_behave || pi_theta)
   and the gradient norm;
-- `s6_clip_split_d<d>`: the clip excess split as the family's C1 and C2 split it: recompute's
+- `<study>_clip_split_d<d>`: the clip excess split as the family's C1 and C2 split it: recompute's
   anchor on each arm's own batches (the trajectory) and the arm's own anchor minus recompute's
   on the same batches (the anchor alone).
 """
@@ -82,27 +83,27 @@ def _anchor_effect(df: pd.DataFrame) -> pd.DataFrame:
                       metric="anchor_effect")
 
 
-def s6_figures(df: pd.DataFrame, staleness: int, out_dir: Path) -> list[Path]:
-    """The three figures of the tier at `staleness` (PNG, for the report), their paths."""
+def arm_figures(df: pd.DataFrame, staleness: int, out_dir: Path, study: str) -> list[Path]:
+    """The three figures of `study`'s runs at `staleness` (PNG, for the report), their paths."""
     cell = with_arms(df[df["staleness"] == staleness])
     cell = cell[cell["arm"].isin(ARMS)]
     if cell.empty:
         return []
     steps = cell.assign(x=cell["step"])
     versions = by_version(cell)
-    d = f"d = {staleness}"
+    d, stem = f"d = {staleness}", f"{study}_{{}}_d{staleness}"
     return [
         *_figure([(versions, "eval/reward", "held-out reward", VERSION_LABEL + " evaluated", False),
                   (versions, "reward/mean", "rollout reward", VERSION_LABEL + " that sampled the batch", False)],
-                 f"S6, {d}: reward by policy version", out_dir, f"s6_reward_d{staleness}"),
+                 f"{study.upper()}, {d}: reward by policy version", out_dir, stem.format("reward")),
         *_figure([(steps, "actor/entropy", "entropy (nats per token)", STEP_LABEL, False),
                   (steps, "offpolicy/total_ratio_max", r"max $\pi_\theta / \pi_{behave}$ (log)", STEP_LABEL, True),
                   (steps, "offpolicy/kl_k3", r"KL($\pi_{behave} \| \pi_\theta$), k3", STEP_LABEL, False),
                   (steps, "actor/grad_norm", "gradient norm", STEP_LABEL, False)],
-                 f"S6, {d}: what does not depend on the anchor", out_dir, f"s6_anchor_free_d{staleness}"),
+                 f"{study.upper()}, {d}: what does not depend on the anchor", out_dir, stem.format("anchor_free")),
         *_figure([(steps, "prox_error/recompute/clip_rate", "clip rate, recompute's anchor", STEP_LABEL, False),
                   (_anchor_effect(steps), "anchor_effect", "clip rate, own anchor - recompute's",
                    STEP_LABEL, False)],
-                 f"S6, {d}: the clip excess on each arm's own batches: trajectory (left), anchor alone (right)", out_dir,
-                 f"s6_clip_split_d{staleness}"),
+                 f"{study.upper()}, {d}: the clip excess on each arm's own batches: trajectory (left), anchor alone (right)", out_dir,
+                 stem.format("clip_split")),
     ]
