@@ -10,12 +10,13 @@ import pytest
 
 from analysis.family import FamilyTest, judge, judge_family, paired_values, run_test
 from analysis.figures.arms import _anchor_effect, arm_figures, by_version, with_arms
-from analysis.studies.s6 import collapsed, load_s6, main, plateau, stress_family, tier_family
+from analysis.studies.s6 import (collapsed, load_s6, main, plateau, stress_arm_table, stress_family, stress_runs,
+                                tier_family)
 from test_report import dump_run
 
 SEEDS = (0, 1, 2, 3)
 STEPS = 12  # staleness 8: steps 8-11 are steady
-NOISE = (0.0, 0.004, -0.003, 0.002)  # per seed, so intervals have a width
+NOISE = (0.0, 0.004, -0.003, 0.002, 0.001)  # per seed, so intervals have a width
 
 
 def _config(arm: str, seed: int, lr: float = 1e-5, minibatches: int = 4) -> dict:
@@ -38,7 +39,7 @@ def _records(arm: str, seed: int, evals=(0.5, 0.7)) -> list[dict]:
         "offpolicy/total_ratio_max": 4.0 + noise, "offpolicy/total_ratio_min": 0.3 + noise,
         "offpolicy/ess_total": 0.9 + noise, "offpolicy/kl_k3": 0.01 + noise / 100,
         # raw p about 0.01 for step_start, not significant once the family is adjusted
-        "actor/grad_norm": 1.0 + ((0.08, 0.12, 0.05, 0.10)[seed] if step_start else 0.0),
+        "actor/grad_norm": 1.0 + ((0.08, 0.12, 0.05, 0.10, 0.07)[seed] if step_start else 0.0),
         "prox_error/recompute/clip_rate": 0.04 + (0.005 if inverse else 0.0) + noise / 10,
         "prox_error/inverse/clip_rate": 0.06 + noise / 10, "prox_error/step_start/clip_rate": 0.04 + noise / 10,
         "staleness/mean": 8.0, "staleness/max": 8,
@@ -48,9 +49,9 @@ def _records(arm: str, seed: int, evals=(0.5, 0.7)) -> list[dict]:
     return records
 
 
-def _sweep(root, arms=("recompute", "inverse", "step_start"), lr=1e-5, minibatches=4, evals_of=None):
+def _sweep(root, arms=("recompute", "inverse", "step_start"), lr=1e-5, minibatches=4, evals_of=None, seeds=SEEDS):
     for arm in arms:
-        for seed in SEEDS:
+        for seed in seeds:
             name = f"{arm}-d8-s{seed}-lr{lr:g}-m{minibatches}"
             evals = evals_of(arm) if evals_of else (0.5, 0.7)
             dump_run(root, name, _config(arm, seed, lr, minibatches), _records(arm, seed, evals))
@@ -125,11 +126,17 @@ def test_plateau_and_collapse_rules(tmp_path):
 
 def test_stress_collapses_by_fisher_with_holm(tmp_path):
     root = _sweep(tmp_path / "stress", lr=3e-5, evals_of=lambda arm: (0.5, 0.05) if arm == "recompute" else (0.5, 0.6))
-    stress = stress_family(load_s6([root])[2])
+    scalars = load_s6([root, _sweep(tmp_path / "base", seeds=(3, 4))])[2]  # a base cell with seeds 3, 4
+    stress = stress_family(scalars, seeds=SEEDS)
+    assert list(stress["lr"]) == [1e-5, 1e-5, 3e-5, 3e-5] and list(stress["arm_collapsed"])[:2] == ["0/1"] * 2
+    stress = stress[stress["lr"] == 3e-5]
     assert list(stress["arm"]) == ["inverse", "step_start"]
     assert list(stress["recompute_collapsed"]) == ["4/4", "4/4"] and list(stress["arm_collapsed"]) == ["0/4", "0/4"]
     assert stress["p"].tolist() == pytest.approx([1 / 35, 1 / 35])  # Fisher's exact, 4-0 against 0-4
-    assert list(stress["verdict"]) == ["no difference shown"] * 2  # Holm: 2/35 each, above 0.05
+    assert list(stress["verdict"]) == ["no difference shown"] * 2  # Holm: 2/35 (and 1) each, above 0.05
+    table = stress_arm_table(stress_runs(scalars, seeds=SEEDS))
+    assert re.search(r"\| 3e-05 +\| 4 +\| recompute +\| +4 \| +4 \| +0.275 ± 0.0015 \|", table)  # evals 0.5, 0.05
+    assert re.search(r"\| 1e-05 +\| 4 +\| recompute +\| +1 \| +0 \| +0.601 \|", table)  # one run: no spread
 
 
 def test_the_report_command_writes_every_section(tmp_path):
