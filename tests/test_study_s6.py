@@ -42,6 +42,8 @@ def _records(arm: str, seed: int, evals=(0.5, 0.7)) -> list[dict]:
         "actor/grad_norm": 1.0 + ((0.08, 0.12, 0.05, 0.10, 0.07)[seed] if step_start else 0.0),
         "prox_error/recompute/clip_rate": 0.04 + (0.005 if inverse else 0.0) + noise / 10,
         "prox_error/inverse/clip_rate": 0.06 + noise / 10, "prox_error/step_start/clip_rate": 0.04 + noise / 10,
+        "prox_error/inverse/logp_abs": 0.12, "prox_error/step_start/logp_abs": 0.05,
+        "prox_error/inverse/clip_flip": 0.04, "prox_error/step_start/clip_flip": 0.015,
         "staleness/mean": 8.0, "staleness/max": 8,
     }
     records = [{"step": t, "wall_time": float(t + 1), **per_step} for t in range(STEPS)]
@@ -151,6 +153,8 @@ def test_the_report_command_writes_every_section(tmp_path):
                     "## Deviations from the pre-registration (`docs/studies/s6.md`)"):
         assert heading in text
     assert re.search(r"\| inverse vs recompute +\| R +\|", text) and "**equivalent within ±0.12**" in text
+    assert "| `step_start` | 0.050 | 1.5% |" in text and "| `inverse` | 0.120 | 4.0% |" in text  # anchors tracked
+    assert re.search(r"\| 4 +\| `inverse` +\| all +\| 6.\d\d% +\| 4.\d\d% +\|.*\| more +\|", text)  # the anchor alone
     stems = ("s6_reward_d8", "s6_anchor_free_d8", "s6_clip_split_d8")
     assert sorted(p.name for p in figures.iterdir()) == sorted(f"{stem}.png" for stem in stems)
     assert all(f"![{stem}](s6/{stem}.png)" in text for stem in stems)

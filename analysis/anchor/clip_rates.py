@@ -11,6 +11,7 @@ import re
 import pandas as pd
 
 from analysis.anchor.model import CLIP, RECOMPUTE, anchor_distance, prediction
+from analysis.anchor.tracking import schedule_markdown, schedule_table
 from analysis.claims.contrasts import schedule_arm
 from analysis.claims.rule import FAILS, HOLDS
 from analysis.hypotheses import titled
@@ -18,7 +19,8 @@ from analysis.markdown import fmt_interval, markdown_table
 from analysis.runs import lookup
 from analysis.stats import mean_ci
 
-__all__ = ["ARMS", "with_minibatches", "counterfactual_rates", "counterfactual_cells", "counterfactual_verdict", "counterfactual_section"]
+__all__ = ["ARMS", "with_minibatches", "counterfactual_rates", "counterfactual_cells", "counterfactual_verdict", "counterfactual_section",
+           "recompute_batches_lines"]
 
 ARMS = ("inverse", "step_start")  # the loglinear schedules S3 compares with recompute
 RATE = re.compile(r"^prox_error/(?P<anchor>[^/]+)/clip_rate(?:/(?P<stratum>H[123]))?$")
@@ -107,3 +109,26 @@ def counterfactual_section(df: pd.DataFrame, configs: dict, at_d: pd.DataFrame, 
             "(from the arm's own runs, whose policies differ) adds the effect of training on another trajectory. "
             "The terciles (H1 lowest entropy, H3 highest) show where the clipping is.", "", table, "",
             f"**{titled('H-S3d')}: {counterfactual_verdict(cells)}.**", ""]
+
+
+def recompute_batches_lines(df: pd.DataFrame, configs: dict, d: int) -> list[str]:
+    """Descriptive (markdown lines), on the recompute runs at `d`: how closely each loglinear
+    anchor tracks recompute's (S2's log-prob error and clip flips, `analysis.anchor.tracking`)
+    and what each of ARMS' anchors alone would clip on the same batches (S3's counterfactual)."""
+    runs = df[(df["algo"] == RECOMPUTE) & (df["staleness"] == d)]
+    cells = counterfactual_cells(counterfactual_rates(df, configs, d))
+    if runs.empty or cells.empty:
+        return [f"No recompute run at d = {d} logged the anchors' telemetry (train.log_prox_errors)."]
+    tracked = runs["metric"].str.endswith("/logp_abs").any() and runs["metric"].str.endswith("/clip_flip").any()
+    tracking = schedule_markdown(schedule_table(runs)) if tracked else ["(not logged)"]
+    rows = [[str(c["m"]), f"`{c['arm']}`", c["stratum"] or "all", f"{100 * c['arm_rate']:.2f}%",
+             f"{100 * c['recompute_rate']:.2f}%", fmt_interval(c["difference"]), c["direction"]]
+            for _, c in cells.iterrows()]
+    return [f"Each anchor against recompute's, on the recompute runs' own batches and current policy, mean over "
+            f"steps >= {d} and then over seeds: the mean absolute log-prob error and the share of clip decisions "
+            "it flips (S2's fidelity telemetry), by schedule:", "", *tracking, "",
+            "The share of tokens each anchor alone would clip, against recompute's own anchor on the same tokens "
+            "(S3's counterfactual; paired within each run, 95% t interval over seeds; H1-H3 the entropy terciles, "
+            "H1 lowest):", "",
+            markdown_table(["m", "anchor", "tokens", "anchor clips", "recompute's anchor clips",
+                            "anchor - recompute [95% CI]", "direction"], rows, numeric_from=99)]

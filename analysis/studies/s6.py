@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
+from analysis.anchor.clip_rates import recompute_batches_lines
 from analysis.claims.contrasts import deviations_flag, provenance_table, write_study_report
 from analysis.family import FamilyTest, judge_family, paired_values
 from analysis.figures.arms import arm_figures
@@ -260,7 +261,9 @@ def report(args: argparse.Namespace) -> list[str]:
              "## Plateau check (recompute: last eval - the one before)", "",
              f"{fmt(check['gain'], 3)} [{fmt(check['low'], 3)}, {fmt(check['high'], 3)}] over {check['n']} seeds: "
              + ("**holds** (upper end below " if check["holds"] else "**does not hold** (upper end not below ")
-             + f"{PLATEAU_GAIN:g}).", "", "## Power at the observed spread", "", *power_lines(family, scalars, staleness)]
+             + f"{PLATEAU_GAIN:g}).", "", "## Power at the observed spread", "", *power_lines(family, scalars, staleness),
+             "", "## The anchors on recompute's own batches (descriptive)", "",
+             *recompute_batches_lines(df, configs, staleness)]
     if args.stress:
         stress_scalars = load_s6([*args.stress, *args.logs])[2]
         lines += ["", "## Tier B: collapses (Fisher's exact, Holm over the cells)", "",
