@@ -30,13 +30,15 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from analysis.power import ALPHA, tost
+from analysis.power import (ALPHA, MAX_SEEDS, minimum_detectable_effect, sd_from_interval, seeds_needed, tost,
+                            tost_seeds_needed)
 from analysis.stats import holm, mean_ci
 
-__all__ = ["FamilyTest", "paired_values", "run_test", "judge", "judge_family"]
+__all__ = ["FamilyTest", "paired_values", "run_test", "judge", "judge_family", "what_would_decide"]
 
 KINDS = ("direction", "two_sided", "equivalence", "one_sample")
 FEW_SEEDS = "inconclusive (fewer than 2 seeds)"
+UNDECIDED = ("inconclusive", "no difference shown")
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ def paired_values(test: FamilyTest, treated: Mapping[int, float], baseline: Mapp
 def run_test(test: FamilyTest, effects: Sequence[float], alpha: float = ALPHA) -> dict:
     """Mean effect, its 95% interval, n and the raw p-value (NaN below 2 seeds)."""
     interval = mean_ci(effects)
-    row = {"label": test.label, "quantity": test.quantity, "kind": test.kind, "n": interval.n,
+    row = {"label": test.label, "quantity": test.quantity, "kind": test.kind, "margin": test.margin, "n": interval.n,
            "effect": interval.mean, "low": interval.low, "high": interval.high, "p": math.nan}
     if interval.n < 2:
         return row
@@ -116,3 +118,29 @@ def judge_family(tests: Sequence[tuple[str, FamilyTest, Sequence[float]]], alpha
         row["verdict_raw"] = judge(test, row, row["p"], alpha)
         row["verdict"] = judge(test, row, p_adj, alpha)
     return pd.DataFrame(rows)
+
+
+def _seeds(row: Mapping, sd: float, alpha: float) -> str:
+    """Seeds for 80% power at the observed effect: a TOST's for an equivalence test ("never"
+    when the effect lies outside the margin), a paired t test's otherwise."""
+    if row["kind"] == "equivalence":
+        needed = tost_seeds_needed(row["effect"], sd, row["margin"], alpha=alpha)
+        return f"{needed:,}" if needed is not None else "never"
+    needed = seeds_needed(row["effect"], sd, alpha=alpha)
+    return f"{needed:,}" if needed is not None else f"> {MAX_SEEDS:,}"
+
+
+def what_would_decide(family: pd.DataFrame, alpha: float = ALPHA) -> pd.DataFrame:
+    """Per undecided test of a judged family (two seeds or more): the seeds' sd (from its
+    interval), the MDE at its seeds, and the seeds 80% power needs at the observed effect, at
+    Holm's loosest level (`alpha`, its last step) and its strictest (`alpha` / the family's size)."""
+    rows = []
+    for _, row in family[family["verdict"].isin(UNDECIDED)].iterrows():
+        if row["n"] < 2 or not np.isfinite(row["high"]):
+            continue
+        sd = sd_from_interval(row["low"], row["high"], int(row["n"]))
+        rows.append({"comparison": row["comparison"], "label": row["label"], "n": int(row["n"]), "effect": row["effect"],
+                     "sd": sd, "mde": minimum_detectable_effect(sd, int(row["n"]), alpha=alpha),
+                     "seeds_loosest": _seeds(row, sd, alpha), "seeds_strictest": _seeds(row, sd, alpha / len(family))})
+    return pd.DataFrame(rows, columns=["comparison", "label", "n", "effect", "sd", "mde", "seeds_loosest",
+                                       "seeds_strictest"])

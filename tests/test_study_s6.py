@@ -6,9 +6,10 @@ from __future__ import annotations
 import math
 import re
 
+import numpy as np
 import pytest
 
-from analysis.family import FamilyTest, judge, judge_family, paired_values, run_test
+from analysis.family import FamilyTest, judge, judge_family, paired_values, run_test, what_would_decide
 from analysis.figures.arms import _anchor_effect, arm_figures, by_version, with_arms
 from analysis.studies.s6 import (collapsed, load_s6, main, plateau, stress_arm_table, stress_family, stress_runs,
                                 tier_family)
@@ -115,6 +116,24 @@ def test_effects_pair_by_seed_and_holm_leaves_untestable_tests_out():
     assert sorted([family.loc[0, "p_holm"], family.loc[2, "p_holm"]]) == pytest.approx([2 * low, max(2 * low, high)])
 
 
+def test_what_would_decide_each_undecided_test():
+    reward = FamilyTest("R", "reward", "r", "equivalence", margin=0.1)
+    entropy = FamilyTest("d", "entropy", "h", "direction", +1)
+    clip = FamilyTest("g", "clip", "c", "direction", -1)
+    family = judge_family([("x vs y", reward, [0.02, -0.05, 0.08, 0.0]),        # inside the band, too few seeds
+                           ("x vs y", entropy, [0.05, -0.02, 0.04, 0.01]),      # inconclusive
+                           ("x vs y", clip, [-1.0, -1.01, -0.99, -1.0]),        # decided: left out
+                           ("z vs y", reward, [0.3, -0.05, 0.25, 0.05])])       # mean outside the band: never equivalent
+    decide = what_would_decide(family)
+    assert list(zip(decide["comparison"], decide["label"])) == [("x vs y", "R"), ("x vs y", "d"), ("z vs y", "R")]
+    entropy_row = decide.iloc[1]
+    assert entropy_row["sd"] == pytest.approx(float(np.std([0.05, -0.02, 0.04, 0.01], ddof=1)))
+    loose, strict = int(entropy_row["seeds_loosest"]), int(entropy_row["seeds_strictest"].replace(",", ""))
+    assert 4 < loose < strict  # more seeds than it has; more still at Holm's strictest level (0.05 / 4)
+    assert entropy_row["mde"] > abs(entropy_row["effect"])
+    assert decide.iloc[2]["seeds_loosest"] == "never" and decide.iloc[0]["seeds_loosest"] not in ("never", "")
+
+
 def test_plateau_and_collapse_rules(tmp_path):
     scalars = load_s6([_sweep(tmp_path / "flat")])[2]
     assert plateau(scalars, 8)["holds"] is False  # recompute gains 0.2 between its two evals
@@ -174,6 +193,9 @@ def test_rewards_line_up_by_policy_version(tmp_path):
     rollout = frame[frame["metric"] == "reward/mean"]
     assert sorted(set(rollout["x"])) == list(range(-8, STEPS - 8))  # step t's batch: version t - 8
     assert len(rollout) == len(SEEDS) * STEPS
+    out = arm_figures(df, 8, tmp_path / "figs", "s6")
+    assert out == [tmp_path / "figs" / "s6_reward_d8.png", tmp_path / "figs" / "s6_anchor_free_d8.png",
+                   tmp_path / "figs" / "s6_clip_split_d8.png"]
 
 
 def test_the_anchor_effect_figure_data_is_own_anchor_minus_recompute(tmp_path):

@@ -50,7 +50,9 @@ def by_version(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _draw(ax, frame: pd.DataFrame, metric: str, y_label: str, x_label: str, log_y: bool = False) -> pd.DataFrame:
-    data = seed_stats(frame[frame["metric"] == metric], ["arm", "x"])
+    # one value per run and x first: at d = 8 the batches of steps 0-8 all come from version 0
+    per_run = frame[frame["metric"] == metric].groupby(["arm", "seed", "x"], as_index=False)["value"].mean()
+    data = seed_stats(per_run, ["arm", "x"])
     for arm in STYLE.order(set(data["arm"]) & set(ARMS)):
         curve = data[data["arm"] == arm]
         band(ax, curve["x"], curve["mean"], curve["min"], curve["max"], arm, STYLE, len(curve))

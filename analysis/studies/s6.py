@@ -22,7 +22,7 @@ from scipy import stats as scipy_stats
 
 from analysis.anchor.clip_rates import recompute_batches_lines
 from analysis.claims.contrasts import deviations_flag, provenance_table, write_study_report
-from analysis.family import FamilyTest, judge_family, paired_values
+from analysis.family import FamilyTest, judge_family, paired_values, what_would_decide
 from analysis.figures.arms import arm_figures
 from analysis.load import load_configs, load_runs
 from analysis.markdown import fmt, markdown_table
@@ -209,6 +209,13 @@ def power_lines(family: pd.DataFrame, scalars: pd.DataFrame, staleness: int) -> 
     return lines
 
 
+def undecided_table(family: pd.DataFrame) -> str:
+    rows = [[r["comparison"], r["label"], r["n"], *(fmt(r[c], 3) for c in ("effect", "sd", "mde")),
+             r["seeds_loosest"], r["seeds_strictest"]] for _, r in what_would_decide(family).iterrows()]
+    return markdown_table(["comparison", "test", "seeds", "effect", "sd", "MDE", "seeds needed, α 0.05",
+                           f"seeds needed, α 0.05/{len(family)}"], rows, numeric_from=2)
+
+
 STRESS_COLUMNS = ("last_evals_reward", "iw_max", "total_ratio_max", "total_ratio_min")
 
 
@@ -261,7 +268,12 @@ def report(args: argparse.Namespace) -> list[str]:
              "## Plateau check (recompute: last eval - the one before)", "",
              f"{fmt(check['gain'], 3)} [{fmt(check['low'], 3)}, {fmt(check['high'], 3)}] over {check['n']} seeds: "
              + ("**holds** (upper end below " if check["holds"] else "**does not hold** (upper end not below ")
-             + f"{PLATEAU_GAIN:g}).", "", "## Power at the observed spread", "", *power_lines(family, scalars, staleness),
+             + f"{PLATEAU_GAIN:g}).", "", "## Power at the observed spread", "", *power_lines(family, scalars, staleness), "",
+             "What would decide each undecided test: its seeds' spread (from its interval), the smallest effect "
+             "its seeds detect with 80% power (MDE), and the seeds 80% power needs at the observed effect, at "
+             "Holm's last step (α 0.05) and at its first (α 0.05 over the family's size). Effects on the test's "
+             "scale (log ratio for a and b'); R's seeds are a TOST's at ±" + f"{MARGIN:g} (never: the observed "
+             "effect lies outside the margin).", "", undecided_table(family),
              "", "## The anchors on recompute's own batches (descriptive)", "",
              *recompute_batches_lines(df, configs, staleness)]
     if args.stress:
