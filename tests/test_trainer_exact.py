@@ -66,3 +66,43 @@ def test_one_autocast_scope_per_minibatch_changes_no_bit(tiny_cfg, monkeypatch):
     assert scoped == unscoped
     assert all(torch.equal(a, b) for a, b in zip(scoped_weights, unscoped_weights))
     assert scoped_casts < unscoped_casts  # the scope did save casts
+
+
+def _model_with_grads(scale: float) -> torch.nn.Module:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    generator = torch.Generator().manual_seed(0)
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=generator) * scale
+    return model
+
+
+def test_clip_gradients_equals_torchs_clip_and_skips_only_the_multiply_by_one(monkeypatch):
+    from a3po.learner.update import clip_gradients
+
+    real_clip = torch.nn.utils.clip_grads_with_norm_
+    calls = []
+    monkeypatch.setattr(torch.nn.utils, "clip_grads_with_norm_", lambda *a, **k: calls.append(1) or real_clip(*a, **k))
+    for scale, max_norm, clips in ((1e-3, 1.0, False), (10.0, 1.0, True), (1.0, 1e9, False)):
+        ours, theirs = _model_with_grads(scale), _model_with_grads(scale)
+        calls.clear()
+        norm = clip_gradients(ours, max_norm)
+        assert bool(calls) is clips  # the multiply runs only where it changes the gradients
+        assert torch.equal(norm, torch.nn.utils.clip_grad_norm_(theirs.parameters(), max_norm))
+        assert all(torch.equal(a.grad, b.grad) for a, b in zip(ours.parameters(), theirs.parameters()))
+    ours, theirs = _model_with_grads(1.0), _model_with_grads(1.0)
+    for model in (ours, theirs):
+        next(model.parameters()).grad[0, 0] = float("nan")
+    assert clip_gradients(ours, 1.0).isnan() and torch.nn.utils.clip_grad_norm_(theirs.parameters(), 1.0).isnan()
+    assert all(a.grad.isnan().all() and b.grad.isnan().all() for a, b in zip(ours.parameters(), theirs.parameters()))
+
+
+def test_a_step_with_the_cpu_clip_is_bit_identical_to_torchs_clip(tiny_cfg, monkeypatch):
+    for clip in ("train.grad_clip=1e-3", "train.grad_clip=1e6"):  # every minibatch clipped, and none
+        overrides = ("train.n_minibatches=2", "algo=loglinear", "staleness=0", clip)
+        ours, our_weights, _, _ = _step(tiny_cfg, *overrides)
+        with monkeypatch.context() as patch:
+            patch.setattr(trainer_module, "clip_gradients",
+                          lambda policy, max_norm, sharded: torch.nn.utils.clip_grad_norm_(policy.parameters(), max_norm))
+            theirs, their_weights, _, _ = _step(tiny_cfg, *overrides)
+        assert ours == theirs
+        assert all(torch.equal(a, b) for a, b in zip(our_weights, their_weights))

@@ -20,7 +20,7 @@ from a3po.learner.batching import pack_micro_batches, split_minibatches
 from a3po.learner.fidelity import FidelityRecorder
 from a3po.learner.hybrid import drift_ess
 from a3po.learner.step_metrics import StepMetrics
-from a3po.learner.update import all_finite, check_update, make_optimizer
+from a3po.learner.update import all_finite, check_update, clip_gradients, make_optimizer
 from a3po.maths.advantages import grpo_advantages
 from a3po.maths.logprobs import token_logprobs, token_logprobs_and_entropy
 from a3po.maths.loss import decoupled_loss
@@ -243,7 +243,7 @@ class Trainer:
                         (loss * weight).backward()
                         minibatch_loss = minibatch_loss + loss.detach() * weight
                         metrics.add({**stats, "actor/entropy": entropy.mean()}, n_tokens=logp.numel())
-                grad_norm = local_value(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.train.grad_clip))
+                grad_norm = local_value(clip_gradients(self.policy, self.train.grad_clip, self.dist.world > 1))
                 # one host sync per minibatch, before the update: nothing non-finite reaches the weights
                 check_update(finite_flags, minibatch_loss, grad_norm, version, index, len(plans), self.dist)
                 self.optimizer.step()
