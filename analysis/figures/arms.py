@@ -85,27 +85,28 @@ def _anchor_effect(df: pd.DataFrame) -> pd.DataFrame:
                       metric="anchor_effect")
 
 
-def arm_figures(df: pd.DataFrame, staleness: int, out_dir: Path, study: str) -> list[Path]:
-    """The three figures of `study`'s runs at `staleness` (PNG, for the report), their paths."""
+def arm_figures(df: pd.DataFrame, staleness: int, out_dir: Path, study: str, title: str = "") -> list[Path]:
+    """The three figures of `study`'s runs at `staleness` (PNG, for the report), their paths;
+    `title` heads them (the study's name in capitals by default)."""
     cell = with_arms(df[df["staleness"] == staleness])
     cell = cell[cell["arm"].isin(ARMS)]
     if cell.empty:
         return []
     steps = cell.assign(x=cell["step"])
     versions = by_version(cell)
-    d, stem = f"d = {staleness}", f"{study}_{{}}_d{staleness}"
+    d, stem, name = f"d = {staleness}", f"{study}_{{}}_d{staleness}", title or study.upper()
     return [
         *_figure([(versions, "eval/reward", "held-out reward", VERSION_LABEL + " evaluated", False),
                   (versions, "reward/mean", "rollout reward", VERSION_LABEL + " that sampled the batch", False)],
-                 f"{study.upper()}, {d}: reward by policy version", out_dir, stem.format("reward")),
+                 f"{name}, {d}: reward by policy version", out_dir, stem.format("reward")),
         *_figure([(steps, "actor/entropy", "entropy (nats per token)", STEP_LABEL, False),
                   (steps, "offpolicy/total_ratio_max", r"max $\pi_\theta / \pi_{behave}$ (log)", STEP_LABEL, True),
                   (steps, "offpolicy/kl_k3", r"KL($\pi_{behave} \| \pi_\theta$), k3", STEP_LABEL, False),
                   (steps, "actor/grad_norm", "gradient norm", STEP_LABEL, False)],
-                 f"{study.upper()}, {d}: what does not depend on the anchor", out_dir, stem.format("anchor_free")),
+                 f"{name}, {d}: what does not depend on the anchor", out_dir, stem.format("anchor_free")),
         *_figure([(steps, "prox_error/recompute/clip_rate", "clip rate, recompute's anchor", STEP_LABEL, False),
                   (_anchor_effect(steps), "anchor_effect", "clip rate, own anchor - recompute's",
                    STEP_LABEL, False)],
-                 f"{study.upper()}, {d}: the clip excess on each arm's own batches: trajectory (left), anchor alone (right)", out_dir,
+                 f"{name}, {d}: the clip excess on each arm's own batches: trajectory (left), anchor alone (right)", out_dir,
                  stem.format("clip_split")),
     ]

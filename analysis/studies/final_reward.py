@@ -1,0 +1,124 @@
+"""The final-reward study's rules, as docs/studies/final_reward.md registers them.
+
+    python -m analysis.studies.final_reward docs/logs/final_reward.tar.xz --out docs/reports/final_reward.md \
+        --figures-dir docs/reports/final_reward --deviations docs/studies/final_reward.md
+
+One claim, one test: the paper's A-3PO (loglinear `inverse`) against recompute at d = 8, paired
+by seed, on the final policy's held-out reward (`last_evals_reward`, the mean of the last two
+evals): a TOST at +-`MARGIN` (`analysis.family`), alone in its family, so at alpha 0.05. Beside
+it, outside the family and read as descriptive: the two-sided paired difference, the plateau
+check on recompute's last two evals, what more seeds would decide, and the figures
+(`analysis.figures.arms`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pandas as pd
+
+from analysis.claims.contrasts import deviations_flag, provenance_table, write_study_report
+from analysis.family import FamilyTest, judge_family, paired_values, what_would_decide
+from analysis.figures.arms import arm_figures
+from analysis.load import load_configs, load_runs
+from analysis.markdown import fmt, markdown_table
+from analysis.outcomes import with_outcomes
+from analysis.provenance import figures_markdown, generated_line, provenance
+from analysis.scalars import run_scalars
+from analysis.stats import mean_ci
+
+STALENESS = 8
+MARGIN = 0.12          # absolute reward, S6's margin (docs/studies/final_reward.md)
+PLATEAU_GAIN = 0.05    # the plateau check's bound on recompute's gain between its last two evals
+ARMS = {"recompute": ("recompute", ""), "inverse": ("loglinear", "inverse")}  # arm -> (algo, schedule)
+REWARD = FamilyTest("R", "held-out reward, mean of the last two evals", "last_evals_reward", "equivalence",
+                    margin=MARGIN)
+DIFFERENCE = FamilyTest("R'", "held-out reward, mean of the last two evals", "last_evals_reward", "two_sided")
+
+
+def study_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per run at `STALENESS` of an arm in `ARMS`: `run_scalars`, outcomes, `arm` and its
+    evals (the held-out rewards in step order)."""
+    scalars = with_outcomes(run_scalars(df), df)
+    scalars["arm"] = [next((arm for arm, (algo, schedule) in ARMS.items()
+                            if row["algo"] == algo and (not schedule or row["schedule"] == schedule)), "")
+                      for _, row in scalars.iterrows()]
+    evals = df[df["metric"] == "eval/reward"].sort_values("step").groupby(["experiment", "run"])["value"].agg(list)
+    scalars = scalars.join(evals.rename("evals"), on=["experiment", "run"])
+    return scalars[(scalars["staleness"] == STALENESS) & (scalars["arm"] != "")].reset_index(drop=True)
+
+
+def _by_seed(runs: pd.DataFrame, arm: str) -> dict[int, float]:
+    rows = runs[runs["arm"] == arm]
+    return {int(s): float(v) for s, v in zip(rows["seed"], rows[REWARD.column])}
+
+
+def judged(runs: pd.DataFrame) -> pd.DataFrame:
+    """R, alone in its family (collapsed and diverged runs keep their reward), and R' beside it,
+    judged apart so it takes no alpha from R."""
+    treated, baseline = _by_seed(runs, "inverse"), _by_seed(runs, "recompute")
+    return pd.concat([judge_family([("inverse vs recompute", test, paired_values(test, treated, baseline))])
+                      for test in (REWARD, DIFFERENCE)], ignore_index=True)
+
+
+def plateau(runs: pd.DataFrame) -> dict:
+    gains = [e[-1] - e[-2] for e in runs[runs["arm"] == "recompute"]["evals"] if isinstance(e, list) and len(e) >= 2]
+    interval = mean_ci(gains)
+    return {"interval": interval, "holds": interval.known and interval.high < PLATEAU_GAIN}
+
+
+def _verdict_table(tests: pd.DataFrame) -> str:
+    rows = [[r["label"], r["quantity"], r["n"], f"{fmt(r['effect'], 3)} [{fmt(r['low'], 3)}, {fmt(r['high'], 3)}]",
+             fmt(r["p"], 2), f"**{r['verdict']}**"] for _, r in tests.iterrows()]
+    return markdown_table(["test", "quantity", "seeds", "inverse - recompute [95% CI]", "p", "**verdict**"], rows,
+                          numeric_from=2)
+
+
+def _arm_table(runs: pd.DataFrame) -> str:
+    rows = [[arm, len(rows), int(rows["flagged"].sum()), f"{fmt(rows[REWARD.column].mean(), 3)} ± "
+             f"{fmt(rows[REWARD.column].std(), 2)}"] for arm in ARMS for rows in [runs[runs["arm"] == arm]]]
+    return markdown_table(["arm", "runs", "collapsed or diverged", "last_evals_reward (mean ± sd)"], rows,
+                          numeric_from=1)
+
+
+def _command(args: argparse.Namespace) -> str:
+    return (f"python -m analysis.studies.final_reward {' '.join(map(str, args.logs))} --out {args.out} "
+            f"--figures-dir {args.figures_dir}" + deviations_flag(args))
+
+
+def report(args: argparse.Namespace) -> list[str]:
+    """The report's lines (markdown) from the parsed command line."""
+    df, configs = load_runs(args.logs), load_configs(args.logs)
+    runs = study_runs(df)
+    tests, check = judged(runs), plateau(runs)
+    gain = check["interval"]
+    decide = what_would_decide(tests.iloc[:1])
+    return [f"# Is A-3PO's final reward within ±{MARGIN:g} of recompute's? (d = {STALENESS})", "",
+            generated_line(_command(args)) + " Pre-registered in docs/studies/final_reward.md; its deviations end "
+            "this page.", "",
+            "## Provenance", "", provenance(args.logs, runs, configs, df.attrs.get("skipped", ())), "",
+            provenance_table(runs, [("d", "staleness")]), "",
+            "## Arms", "", _arm_table(runs), "",
+            "## The claim", "",
+            f"R is the registered test (TOST at ±{MARGIN:g}, alone in its family: α 0.05); R' is descriptive. "
+            "\"Inconclusive\" never counts as equivalence.", "", _verdict_table(tests), "",
+            "## Plateau check (recompute: last eval - the one before)", "",
+            f"{fmt(gain.mean, 3)} [{fmt(gain.low, 3)}, {fmt(gain.high, 3)}] over {gain.n} seeds: "
+            + ("**holds**" if check["holds"] else "**does not hold**: R is the reward at the last step, recompute "
+               "still rising") + f" (bound {PLATEAU_GAIN:g}).", "",
+            "## What more seeds would decide", "",
+            ("R is decided." if decide.empty else
+             f"At the observed spread (sd {fmt(decide.iloc[0]['sd'], 3)}) and difference, a TOST at ±{MARGIN:g} "
+             f"needs {decide.iloc[0]['seeds_loosest']} seeds for 80% power."), "",
+            "## Figures", "", figures_markdown(arm_figures(df, STALENESS, args.figures_dir, "final_reward", "Final reward"),
+                                                args.out.parent)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("logs", nargs="+", help="the study's sweep (run directories or a docs/logs archive)")
+    return write_study_report(parser, report, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
