@@ -55,8 +55,8 @@ def clip_gradients(policy: torch.nn.Module, max_norm: float, sharded: bool = Fal
 
     torch multiplies each gradient by min(1, max_norm / (norm + 1e-6)) even when that is exactly
     1.0, so that a GPU never waits on the norm. On a CPU reading the norm costs nothing, and the
-    multiply by 1.0 (an identity, NaN and infinities included) is half the clip's time: 0.025 of
-    0.05 CPU s for 135M float32 gradients, once per minibatch (docs/benchmarks.md). The same two
+    multiply by 1.0 (an identity, NaN and infinities included) is about half the clip's time,
+    once per minibatch (measured in docs/benchmarks.md). The same two
     torch functions run in the same order, so norm and gradients are identical. Sharded (FSDP2)
     or GPU gradients take torch's own path.
     """
