@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from a3po.allocator import retain_freed_memory
+from a3po.allocator import expandable_cuda_segments, retain_freed_memory
 from a3po.config import validate_config, validate_resolved, validate_world
 from a3po.device import resolve_device, resolve_precision
 from a3po.distributed import DistInfo, close_distributed, init_distributed, launched_world, rank_device
@@ -55,6 +55,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     validate_config(cfg)  # before anything heavy loads
     validate_world(cfg, launched_world())
     device = resolve_device(cfg.device)
+    expandable_cuda_segments(device, cfg.rollout.name)  # before the memory check touches CUDA
     # The resolved precision is what the run records (config.yaml, wandb, run name): `auto`
     # may mean bf16 on one machine and fp32 on another, and those are different runs. Set on a
     # copy before anything reads the name, whose identity interpolates it.
