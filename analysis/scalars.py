@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.load import add_labels
+from analysis.stats import Interval, mean_ci
 
 RUN_KEY = ["experiment", "run"]
 
@@ -70,6 +71,15 @@ def final_window(n_steps: int) -> int:
 
 
 LAST_EVALS = 2  # evals averaged for `last_evals_reward` (S6's primary reward)
+
+
+def plateau_check(evals, bound: float) -> tuple[Interval, bool]:
+    """The registered plateau check (S6, S7): each run's gain between its last two evals (`evals`
+    holds one list per run; runs with fewer than two are left out), the mean gain's 95% interval
+    over runs, and whether its upper end is below `bound` (the curve has flattened)."""
+    gains = [e[-1] - e[-2] for e in evals if isinstance(e, list) and len(e) >= 2]
+    interval = mean_ci(gains)
+    return interval, bool(interval.known and interval.high < bound)
 
 
 def contended(wall_s: float, cpu_s: float, ratio: float = CONTENTION_RATIO) -> bool:

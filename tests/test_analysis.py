@@ -913,3 +913,14 @@ def test_final_reward_windows_say_what_they_read(tmp_path):
     assert row["final_reward"] == pytest.approx((0.27 + 0.28 + 0.29) / 3)  # 30 // 10 = 3 steps
     assert row["final_eval_reward"] == pytest.approx(0.7)
     assert row["last_evals_reward"] == pytest.approx(0.6)
+
+
+def test_plateau_check_reads_each_runs_last_two_evals():
+    from analysis.scalars import plateau_check
+
+    interval, holds = plateau_check([[0.2, 0.50, 0.51], [0.4, 0.52, 0.52], [0.6], None, [0.3, 0.55, 0.54]], 0.05)
+    assert interval.n == 3 and interval.mean == pytest.approx(0.0, abs=1e-12)  # +0.01, 0.0, -0.01; [0.6] and None left out
+    assert holds  # the interval's upper end (~0.025) is below 0.05
+    interval, holds = plateau_check([[0.2, 0.3], [0.2, 0.32], [0.2, 0.28]], 0.05)
+    assert interval.mean == pytest.approx(0.1) and not holds
+    assert plateau_check([[0.5]], 0.05)[1] is False  # nothing to judge is not a plateau

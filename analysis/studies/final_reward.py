@@ -24,8 +24,7 @@ from analysis.load import load_configs, load_runs
 from analysis.markdown import fmt, markdown_table
 from analysis.outcomes import with_outcomes
 from analysis.provenance import figures_markdown, generated_line, provenance
-from analysis.scalars import run_scalars
-from analysis.stats import mean_ci
+from analysis.scalars import plateau_check, run_scalars
 
 STALENESS = 8
 MARGIN = 0.12          # absolute reward, S6's margin (docs/studies/final_reward.md)
@@ -62,9 +61,8 @@ def judged(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def plateau(runs: pd.DataFrame) -> dict:
-    gains = [e[-1] - e[-2] for e in runs[runs["arm"] == "recompute"]["evals"] if isinstance(e, list) and len(e) >= 2]
-    interval = mean_ci(gains)
-    return {"interval": interval, "holds": interval.known and interval.high < PLATEAU_GAIN}
+    interval, holds = plateau_check(runs[runs["arm"] == "recompute"]["evals"], PLATEAU_GAIN)
+    return {"interval": interval, "holds": holds}
 
 
 def _verdict_table(tests: pd.DataFrame) -> str:

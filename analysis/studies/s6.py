@@ -29,8 +29,8 @@ from analysis.markdown import fmt, markdown_table
 from analysis.outcomes import with_outcomes
 from analysis.power import minimum_detectable_effect, sd_from_interval, tost_seeds_needed
 from analysis.provenance import figures_markdown, generated_line, provenance
-from analysis.scalars import run_scalars
-from analysis.stats import holm, mean_ci
+from analysis.scalars import plateau_check, run_scalars
+from analysis.stats import holm
 
 ARMS = ("inverse", "step_start")  # the loglinear schedules each compared with recompute
 BASELINE = "recompute"
@@ -113,9 +113,7 @@ def plateau(scalars: pd.DataFrame, staleness: int) -> dict:
     """Recompute's gain between its last two evals, over seeds: holds when the 95% interval's
     upper end is below PLATEAU_GAIN."""
     runs = scalars[(scalars["staleness"] == staleness) & (scalars["arm"] == BASELINE)]
-    gains = [e[-1] - e[-2] for e in runs["evals"] if isinstance(e, list) and len(e) >= 2]
-    interval = mean_ci(gains)
-    holds = interval.known and interval.high < PLATEAU_GAIN
+    interval, holds = plateau_check(runs["evals"], PLATEAU_GAIN)
     return {"gain": interval.mean, "low": interval.low, "high": interval.high, "n": interval.n, "holds": holds}
 
 
