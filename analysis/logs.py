@@ -1,9 +1,12 @@
 """A sweep's run logs as one small archive that the analysis reads directly.
 
     python -m analysis.logs pack outputs/claims docs/logs/claims.tar.xz
+    python -m analysis.logs pack outputs/s6 docs/logs/s6_d2.tar.xz --match '*-d2-*'
 
 Each run directory below the sweep contributes its config.yaml, metrics.jsonl, finished.json
-and train.log (no checkpoints, no launcher folders), under `<sweep name>/<run>/`. The archive
+and train.log (no checkpoints, no launcher folders), under `<sweep name>/<run>/`; `--match` keeps
+the runs whose directory name matches a shell pattern (one tier of a sweep that shares a folder
+with another). The archive
 is deterministic (sorted members, fixed times and owners), so packing the same logs twice gives
 the same bytes and git stores it once. Every loader in `analysis` accepts such an archive where
 it accepts a folder (`analysis.load.find_run_dirs`): `python -m analysis.report
@@ -13,6 +16,7 @@ docs/logs/claims.tar.xz --out docs/reports/claims.md` regenerates a report from 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import hashlib
 import io
 import tarfile
@@ -35,12 +39,14 @@ def _run_dirs(sweep: Path) -> list[Path]:
                                               for part in d.relative_to(sweep).parts))
 
 
-def pack(sweep: str | Path, out: str | Path) -> int:
-    """Write the archive of every run below `sweep`; the number of runs packed."""
+def pack(sweep: str | Path, out: str | Path, match: str = "*") -> int:
+    """Write the archive of every run below `sweep` whose directory name matches `match`; the
+    number of runs packed."""
     sweep, out = Path(sweep), Path(out)
-    runs = _run_dirs(sweep)
+    runs = [d for d in _run_dirs(sweep) if fnmatch.fnmatchcase(d.name, match)]
     if not runs:
-        raise FileNotFoundError(f"{sweep}: no run directory (a folder with a config.yaml) below it")
+        raise FileNotFoundError(f"{sweep}: no run directory (a folder with a config.yaml) below it"
+                                + ("" if match == "*" else f" whose name matches {match!r}"))
     out.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(out, "w:xz", format=tarfile.PAX_FORMAT) as archive:
         for run_dir in runs:
@@ -79,9 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     packing = commands.add_parser("pack", help="archive a sweep's run logs")
     packing.add_argument("sweep", type=Path)
     packing.add_argument("out", type=Path)
+    packing.add_argument("--match", default="*", help="keep the runs whose directory name matches this shell "
+                         "pattern, e.g. '*-d2-*' (default: every run)")
     args = parser.parse_args(argv)
     try:
-        n = pack(args.sweep, args.out)
+        n = pack(args.sweep, args.out, args.match)
     except FileNotFoundError as error:
         print(f"error: {error}")
         return 2

@@ -897,6 +897,20 @@ def test_a_broken_log_archive_is_named_and_skipped(tmp_path):
     assert logs_main(["pack", str(tmp_path / "empty"), str(tmp_path / "x.tar.xz")]) == 2
 
 
+def test_a_log_archive_can_hold_one_tier_of_a_sweep(sweep, tmp_path):
+    """`pack --match`: only the runs whose directory name matches; none matching is an error that says so."""
+    import tarfile
+    from analysis.logs import main as logs_main
+
+    out = tmp_path / "d1.tar.xz"
+    assert logs_main(["pack", str(sweep), str(out), "--match", "*-d1-*"]) == 0
+    with tarfile.open(out) as archive:
+        runs = {name.split("/")[1] for name in archive.getnames()}
+    everything = {d.name for d in sweep.iterdir() if (d / "config.yaml").is_file()}
+    assert runs and runs == {r for r in everything if "-d1-" in r} and runs < everything
+    assert logs_main(["pack", str(sweep), str(tmp_path / "none.tar.xz"), "--match", "*-d99-*"]) == 2
+
+
 def test_final_reward_windows_say_what_they_read(tmp_path):
     """final_reward: the last n // 10 steps (the last step alone below 20 steps); final_eval_reward:
     the last eval; last_evals_reward (S6's reward): the mean of the last two evals."""
