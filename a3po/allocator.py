@@ -70,9 +70,9 @@ def expandable_cuda_segments(device: torch.device, rollout_engine: str,
 
     Left alone where the user set the allocator's configuration themselves, and for vLLM, whose
     CUDA-graph and IPC buffers have crashed under expandable segments in some versions (custom
-    all-reduce at tensor parallelism > 1, sleep mode's memory pool). Children (torchrun ranks)
-    inherit it through the environment; a process whose allocator is already initialized gets
-    it through torch's setter."""
+    all-reduce at tensor parallelism > 1, sleep mode's memory pool). Every torchrun rank sets it
+    in its own process, and what a run starts inherits it through the environment; a process
+    whose allocator is already initialized gets it through torch's setter."""
     if device.type != "cuda" or rollout_engine != "hf" or any(key in environ for key in ALLOC_CONF_KEYS):
         return False
     environ["PYTORCH_CUDA_ALLOC_CONF"] = CUDA_ALLOC_CONF

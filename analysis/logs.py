@@ -6,11 +6,11 @@
 Each run directory below the sweep contributes its config.yaml, metrics.jsonl, finished.json
 and train.log (no checkpoints, no launcher folders), under `<sweep name>/<run>/`; `--match` keeps
 the runs whose directory name matches a shell pattern (one tier of a sweep that shares a folder
-with another). The archive
-is deterministic (sorted members, fixed times and owners), so packing the same logs twice gives
-the same bytes and git stores it once. Every loader in `analysis` accepts such an archive where
-it accepts a folder (`analysis.load.find_run_dirs`): `python -m analysis.report
-docs/logs/claims.tar.xz --out docs/reports/claims.md` regenerates a report from the repository alone.
+with another). The archive is deterministic (sorted members, fixed times and owners), so packing
+the same logs twice gives the same bytes and git stores it once. Every loader in `analysis`
+accepts such an archive where it accepts a folder (`analysis.load.find_run_dirs`): `python -m
+analysis.report docs/logs/claims.tar.xz --out docs/reports/claims.md` regenerates a report from
+the repository alone.
 """
 
 from __future__ import annotations
