@@ -63,10 +63,9 @@ def expandable_cuda_segments(device: torch.device, rollout_engine: str,
 
     The HF engine's decode step allocates blocks of a new size every token (the attention over a
     growing cache), and the default allocator keeps each freed block for reuse until an
-    allocation fails: at the paper's shape on an 80 GB H100 it reserved 78.4 GiB for 43.9 GiB
-    allocated, freeing its cache and retrying at the limit; with expandable segments it reserved
-    45.1 GiB and the step ran 10% faster (one run each; docs/gpu_runs.md). The memory check's
-    estimate bounds what is allocated, so this is also what makes it bound what is reserved.
+    allocation fails, so what it reserves runs far past what is allocated (measured at the
+    paper's shape: docs/gpu_runs.md). The memory check's estimate bounds what is allocated, so
+    this is also what makes it bound what is reserved.
 
     Left alone where the user set the allocator's configuration themselves, and for vLLM, whose
     CUDA-graph and IPC buffers have crashed under expandable segments in some versions (custom
