@@ -65,7 +65,7 @@ def test_a_cuda_run_reserves_what_a_growing_decode_needs_not_the_sum():
     """In a fresh process, as `a3po.run.main.run` calls it before CUDA starts: blocks of a new,
     larger size every step (the decode's pattern) reuse one growing segment instead of each
     taking a new one (the default allocator takes a segment for each: 20 blocks of 100-119 MiB,
-    ~2.2 GiB; not yet run on a GPU)."""
+    ~2.2 GiB; passed on an H100, docs/gpu_runs.md)."""
     script = ("import os, torch; from a3po.allocator import expandable_cuda_segments\n"
               "for key in ('PYTORCH_CUDA_ALLOC_CONF', 'PYTORCH_ALLOC_CONF'): os.environ.pop(key, None)\n"
               "assert expandable_cuda_segments(torch.device('cuda'), 'hf')\n"
