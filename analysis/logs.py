@@ -31,7 +31,10 @@ from pathlib import Path
 __all__ = ["RUN_FILES", "ENDED_MARKERS", "ARCHIVE_SUFFIXES", "is_archive", "has_ended", "pack", "unpack",
            "unpacked", "main"]
 
-ENDED_MARKERS = ("finished.json", "diverged.json")  # written last by a run that finished / diverged
+# Written last by a run that finished / diverged: a3po.run.rundir.FINISHED_MARKER and
+# a3po.run.health.DIVERGED_MARKER, spelled here so that packing logs imports no torch
+# (tests/test_logs_carry.py holds them equal).
+ENDED_MARKERS = ("finished.json", "diverged.json")
 RUN_FILES = ("config.yaml", "metrics.jsonl", *ENDED_MARKERS, "train.log")
 ARCHIVE_SUFFIXES = (".tar.xz", ".tar.gz", ".tgz")
 

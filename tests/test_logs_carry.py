@@ -6,7 +6,7 @@ from __future__ import annotations
 import tarfile
 from pathlib import Path
 
-from analysis.logs import main as logs_main
+from analysis.logs import ENDED_MARKERS, main as logs_main
 
 from conftest import compose_config, TINY_OVERRIDES
 
@@ -22,6 +22,13 @@ def _run(sweep: Path, name: str, marker: str | None) -> Path:
         (run_dir / "checkpoints").mkdir()
         (run_dir / "checkpoints" / "last.pt").write_bytes(b"weights")
     return run_dir
+
+
+def test_the_ended_markers_are_the_runs_own():
+    from a3po.run.health import DIVERGED_MARKER
+    from a3po.run.rundir import FINISHED_MARKER
+
+    assert ENDED_MARKERS == (FINISHED_MARKER, DIVERGED_MARKER)
 
 
 def test_pack_ended_keeps_the_finished_and_diverged_runs_with_their_markers(tmp_path):
