@@ -11,8 +11,9 @@ diverged.json) and train.log (no checkpoints, no launcher folders), under `<swee
 shares a folder with another), `--ended` the runs that finished or diverged. `unpack` puts an
 archive's runs back under an output root as run directories: a sweep rerun there finds them
 ended and skips them, so the ended runs of a long sweep travel to a fresh machine or checkout
-(a run still going has no checkpoint in the archive and is not packed by `--ended`). The archive is deterministic (sorted members, fixed times and owners), so packing
-the same logs twice gives the same bytes and git stores it once. Every loader in `analysis`
+(a run still going has no checkpoint in the archive and is not packed by `--ended`). The
+archive is deterministic (sorted members, fixed times and owners), so packing the same logs
+twice gives the same bytes and git stores it once. Every loader in `analysis`
 accepts such an archive where it accepts a folder (`analysis.load.find_run_dirs`): `python -m
 analysis.report docs/logs/claims.tar.xz --out docs/reports/claims.md` regenerates a report from
 the repository alone.
@@ -92,6 +93,7 @@ def unpack(archive: str | Path, output_root: str | Path) -> tuple[int, int]:
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         for path in run_dir.iterdir():
             (staging / path.name).write_bytes(path.read_bytes())
+        staging.chmod(0o755)  # mkdtemp's is 0700: a restored run reads like one the sweep wrote
         staging.rename(target)
         restored += 1
     return restored, kept

@@ -59,6 +59,7 @@ def test_unpack_restores_runs_and_never_overwrites_one(tmp_path, capsys):
     for name in ("config.yaml", "metrics.jsonl", "finished.json"):
         assert (fresh / "stress" / "a-s0" / name).read_bytes() == (finished / name).read_bytes()
     assert (fresh / "stress" / "a-s1" / "diverged.json").is_file()
+    assert (fresh / "stress" / "a-s0").stat().st_mode & 0o777 == 0o755  # not the staging's 0700
     (fresh / "stress" / "a-s0" / "metrics.jsonl").write_text("changed here\n")
     assert logs_main(["unpack", str(out), str(fresh)]) == 0
     assert "0 runs restored under" in capsys.readouterr().out
