@@ -57,6 +57,21 @@ class GracefulStop:
         previous = self._previous.get(self.signum)
         self.__exit__()
         if callable(previous):
-            previous(self.signum, None)
+            _call_ignoring_sigterm(previous, self.signum)
         elif previous == signal.SIG_DFL:
             raise SystemExit(128 + self.signum)
+
+
+def _call_ignoring_sigterm(handler: Any, signum: int) -> None:
+    """Run `handler` with SIGTERM ignored, in this process and in the children it starts.
+
+    submitit's handler runs `scontrol requeue`; SLURM then sends SIGTERM to every process of
+    the job, that scontrol included. Killed before it exits, it fails the handler
+    (CalledProcessError), and the job ends failed although it was requeued. An ignored
+    signal stays ignored across exec, so scontrol finishes. We are stopping already, so the
+    SIGTERM has nothing left to ask for."""
+    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        handler(signum, None)
+    finally:
+        signal.signal(signal.SIGTERM, before)
