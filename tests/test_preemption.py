@@ -40,7 +40,7 @@ def test_a_signal_is_recorded_and_the_step_goes_on(restore_handlers):
         assert stop.requested and stop.signum == signal.SIGUSR2
 
 
-def test_handing_over_runs_the_previous_handler_and_restores_ours_first(restore_handlers):
+def test_handing_over_removes_ours_then_runs_the_previous_handler(restore_handlers):
     seen = []
     signal.signal(signal.SIGUSR2, lambda signum, frame: seen.append((signum, signal.getsignal(signal.SIGUSR2))))
     previous = signal.getsignal(signal.SIGUSR2)
