@@ -2,9 +2,11 @@
 
 The precision rule (docs/design.md, "Precision"): `bf16` is autocast to bfloat16 with float32
 master weights, optimizer state and log-softmax; `fp32` is exact float32. `auto` picks bf16
-where the hardware runs it natively (a GPU with bf16 support; a CPU with AVX512-BF16 or AMX,
-which torch's oneDNN kernels use) and fp32 elsewhere: on a CPU without them oneDNN emulates
-bf16, slower than float32 (measured in docs/benchmarks.md, "Precision").
+where it is the faster of the two: a GPU with bf16 support; a CPU with AMX; a CPU with
+AVX512-BF16 that is not Intel's. On an Intel CPU with AVX512-BF16 but no AMX, MKL's AVX-512
+float32 GEMM outruns oneDNN's bf16 one (a training step 1.7x slower in bf16), and on a CPU
+with neither oneDNN emulates bf16 (4-5x slower); `auto` picks fp32 there (measured in
+docs/benchmarks.md, "Precision").
 The trainer's forwards, the recompute forward, the HF engine's sampling, vLLM's dtype and the
 benchmark all follow the resolved value, so behaviour and current log-probs are computed alike.
 """
@@ -48,6 +50,27 @@ def cpu_has_native_bf16() -> bool:
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
+def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's vendor id as Linux reports it (`GenuineIntel`, `AuthenticAMD`), '' where unknown."""
+    try:
+        with open(cpuinfo) as lines:
+            for line in lines:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def cpu_bf16_is_faster() -> bool:
+    """Whether bf16 matmuls outrun float32 on this CPU: with AMX always; with AVX512-BF16 alone
+    unless the CPU is Intel's, where MKL's AVX-512 float32 GEMM is the faster (on AMD, MKL takes
+    its AVX2 path and bf16 wins 5x). Measured on one CPU of each kind (docs/benchmarks.md)."""
+    if torch.cpu._is_amx_tile_supported():
+        return True
+    return bool(torch.cpu._is_avx512_bf16_supported()) and cpu_vendor() != "GenuineIntel"
+
+
 def native_bf16(device: torch.device) -> bool:
     """Whether `device` runs bf16 matmuls in hardware (not emulated)."""
     device = torch.device(device)
@@ -56,16 +79,23 @@ def native_bf16(device: torch.device) -> bool:
     return cpu_has_native_bf16()
 
 
+def bf16_is_faster(device: torch.device) -> bool:
+    """`auto`'s rule: bf16 where `device` runs it faster than float32 (every bf16 GPU)."""
+    device = torch.device(device)
+    return native_bf16(device) if device.type == "cuda" else cpu_bf16_is_faster()
+
+
 SHORT_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 def resolve_precision(name: str, device: torch.device, weights_dtype: str = "float32", key: str = "precision") -> str:
-    """`auto` -> `bf16` where `device` runs it natively, else `fp32`; `fp32`/`bf16` as given.
+    """`auto` -> `bf16` where `device` runs it faster than float32, else `fp32`; `fp32`/`bf16` as given.
 
     Weights stored in a lower precision (model.dtype=bfloat16) compute in it: `auto` resolves
     to it and another value is a ConfigError. A GPU without bf16 refuses `bf16`; a CPU without
     native bf16 runs it emulated, correct but slower, with a warning (useful to reproduce the
-    paper's bf16 behaviour/current mismatch, never to save time)."""
+    paper's bf16 behaviour/current mismatch, never to save time); an Intel CPU with AVX512-BF16
+    but no AMX runs it natively, still slower than float32, with a warning."""
     if name not in PRECISIONS:
         raise ConfigError(f"{key}={name!r} is not allowed; allowed: {list(PRECISIONS)}")
     device = torch.device(device)
@@ -75,15 +105,17 @@ def resolve_precision(name: str, device: torch.device, weights_dtype: str = "flo
             raise ConfigError(f"{key}={name!r} is not allowed with model.dtype={weights_dtype} (the weights themselves "
                               f"are {weights_dtype}); allowed: auto or {stored}, or set model.dtype=float32")
         return stored
-    native = native_bf16(device)
     if name == "auto":
-        return "bf16" if native else "fp32"
-    if name == "bf16" and not native:
+        return "bf16" if bf16_is_faster(device) else "fp32"
+    if name == "bf16" and not native_bf16(device):
         if device.type == "cuda":
             raise ConfigError(f"{key}='bf16' is not allowed on this machine: {torch.cuda.get_device_name(device)} "
                               "has no bf16 support; allowed: fp32 or auto")
         log.warning("%s=bf16 on a CPU without AVX512-BF16 or AMX: oneDNN emulates bf16, slower than "
                     "fp32 here (docs/benchmarks.md, \"Precision\"); %s=auto picks fp32 on this machine", key, key)
+    elif name == "bf16" and not bf16_is_faster(device):
+        log.warning("%s=bf16 on an Intel CPU with AVX512-BF16 but no AMX: native, but slower than MKL's "
+                    "fp32 GEMM here (docs/benchmarks.md, \"Precision\"); %s=auto picks fp32 on this machine", key, key)
     return name
 
 

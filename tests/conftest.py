@@ -17,7 +17,7 @@ CONF_DIR = REPO / "conf"
 TINY_OVERRIDES = [
     "model=tiny",
     # fp32 whatever the CPU: tests compare log-probs to float32 precision and runs bit for bit;
-    # `auto` would be bf16 on a CPU with AVX512-BF16. tests/test_precision.py covers the rule.
+    # `auto` would be bf16 on some CPUs. tests/test_device.py and tests/test_precision.py cover the rule.
     "precision=fp32",
     "logger=none",
     "train.total_steps=3",

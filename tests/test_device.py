@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from a3po.device import autocast_dtype, native_bf16, resolve_device, resolve_precision
+from a3po.device import autocast_dtype, cpu_vendor, native_bf16, resolve_device, resolve_precision
 from a3po.errors import ConfigError
 
 from conftest import TINY_OVERRIDES, compose_config
@@ -20,22 +20,31 @@ def test_autocast_rule():
         assert autocast_dtype(torch.device(device), bf16, "bf16") is None  # already bf16
 
 
-def _cpu_bf16(monkeypatch, avx512_bf16: bool, amx: bool = False) -> None:
+def _cpu_bf16(monkeypatch, avx512_bf16: bool, amx: bool = False, vendor: str = "AuthenticAMD") -> None:
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr("a3po.device.cpu_vendor", lambda: vendor)
 
 
-def test_precision_rule_on_this_cpu_follows_torchs_detection():
-    """auto is bf16 exactly where torch reports AVX512-BF16 or AMX (read, not assumed)."""
-    native = bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-    assert native_bf16(torch.device("cpu")) is native
-    assert resolve_precision("auto", torch.device("cpu")) == ("bf16" if native else "fp32")
+def test_precision_rule_on_this_cpu_follows_torchs_detection_and_the_vendor():
+    """auto is bf16 exactly where torch reports AMX, or AVX512-BF16 on a CPU not Intel's (read, not assumed)."""
+    avx512_bf16, amx = torch.cpu._is_avx512_bf16_supported(), torch.cpu._is_amx_tile_supported()
+    faster = amx or (avx512_bf16 and cpu_vendor() != "GenuineIntel")
+    assert native_bf16(torch.device("cpu")) is bool(avx512_bf16 or amx)
+    assert resolve_precision("auto", torch.device("cpu")) == ("bf16" if faster else "fp32")
     assert resolve_precision("fp32", torch.device("cpu")) == "fp32"
 
 
-@pytest.mark.parametrize("avx512_bf16, amx, expected", [(True, False, "bf16"), (False, True, "bf16"), (False, False, "fp32")])
-def test_precision_auto_on_cpus_with_and_without_native_bf16(monkeypatch, avx512_bf16, amx, expected):
-    _cpu_bf16(monkeypatch, avx512_bf16, amx)
+@pytest.mark.parametrize("avx512_bf16, amx, vendor, expected", [
+    (True, False, "AuthenticAMD", "bf16"),  # AMD EPYC: bf16 5x float32's AVX2 GEMM
+    (True, False, "GenuineIntel", "fp32"),  # Intel without AMX: MKL's AVX-512 float32 is the faster
+    (True, False, "", "bf16"),               # vendor unknown: the instructions decide
+    (False, True, "GenuineIntel", "bf16"),
+    (True, True, "GenuineIntel", "bf16"),
+    (False, False, "AuthenticAMD", "fp32"),
+    (False, False, "GenuineIntel", "fp32")])
+def test_precision_auto_on_cpus_by_instructions_and_vendor(monkeypatch, avx512_bf16, amx, vendor, expected):
+    _cpu_bf16(monkeypatch, avx512_bf16, amx, vendor)
     assert resolve_precision("auto", torch.device("cpu")) == expected
 
 
@@ -44,6 +53,30 @@ def test_precision_bf16_on_a_cpu_without_it_runs_emulated_with_a_warning(monkeyp
     with caplog.at_level("WARNING"):
         assert resolve_precision("bf16", torch.device("cpu")) == "bf16"
     assert "emulates bf16" in caplog.text and "precision=auto picks fp32" in caplog.text
+
+
+def test_precision_bf16_on_an_intel_cpu_without_amx_runs_natively_with_a_warning(monkeypatch, caplog):
+    _cpu_bf16(monkeypatch, True, False, "GenuineIntel")
+    with caplog.at_level("WARNING"):
+        assert resolve_precision("bf16", torch.device("cpu")) == "bf16"
+    assert "no AMX" in caplog.text and "slower than MKL's fp32 GEMM" in caplog.text
+    assert "emulates" not in caplog.text
+
+
+def test_precision_bf16_where_it_is_the_faster_runs_without_a_warning(monkeypatch, caplog):
+    _cpu_bf16(monkeypatch, True, False, "AuthenticAMD")
+    with caplog.at_level("WARNING"):
+        assert resolve_precision("bf16", torch.device("cpu")) == "bf16"
+    assert caplog.text == ""
+
+
+def test_cpu_vendor_reads_the_vendor_line_and_is_empty_where_there_is_none(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\n")
+    assert cpu_vendor(str(cpuinfo)) == "GenuineIntel"
+    cpuinfo.write_text("processor\t: 0\nCPU implementer\t: 0x41\n")  # an ARM machine names no vendor_id
+    assert cpu_vendor(str(cpuinfo)) == ""
+    assert cpu_vendor(str(tmp_path / "missing")) == ""
 
 
 def test_precision_on_a_gpu_mocked(monkeypatch):

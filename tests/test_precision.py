@@ -26,9 +26,9 @@ def test_a_run_records_its_resolved_precision(tiny_cfg, monkeypatch):
 
 
 def test_bf16_is_a_different_run_and_refuses_the_fp32_directory(tiny_cfg, monkeypatch):
-    """On a CPU with native bf16 (mocked) auto is bf16: named `-bf16`, recorded as bf16. The
+    """On a CPU with AMX (mocked) auto is bf16: named `-bf16`, recorded as bf16. The
     same directory asked to hold an fp32 run stops with the differing key."""
-    monkeypatch.setattr("torch.cpu._is_avx512_bf16_supported", lambda: True)
+    monkeypatch.setattr("torch.cpu._is_amx_tile_supported", lambda: True)
     cfg = tiny_cfg("precision=auto", "train.total_steps=2", "train.eval_every=0")
     assert cfg.run_name == "loglinear-bf16-d2-s0"
     run(cfg)
