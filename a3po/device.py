@@ -4,9 +4,8 @@ The precision rule (docs/design.md, "Precision"): `bf16` is autocast to bfloat16
 master weights, optimizer state and log-softmax; `fp32` is exact float32. `auto` picks bf16
 where it is the faster of the two: a GPU with bf16 support; a CPU with AMX; a CPU with
 AVX512-BF16 that is not Intel's. On an Intel CPU with AVX512-BF16 but no AMX, MKL's AVX-512
-float32 GEMM outruns oneDNN's bf16 one (a training step 1.7x slower in bf16), and on a CPU
-with neither oneDNN emulates bf16 (4-5x slower); `auto` picks fp32 there (measured in
-docs/benchmarks.md, "Precision").
+float32 GEMM outruns oneDNN's bf16 one, and on a CPU with neither oneDNN emulates bf16; `auto`
+picks fp32 there (measured in docs/benchmarks.md, "Precision").
 The trainer's forwards, the recompute forward, the HF engine's sampling, vLLM's dtype and the
 benchmark all follow the resolved value, so behaviour and current log-probs are computed alike.
 """
@@ -62,15 +61,6 @@ def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str:
     return ""
 
 
-def cpu_bf16_is_faster() -> bool:
-    """Whether bf16 matmuls outrun float32 on this CPU: with AMX always; with AVX512-BF16 alone
-    unless the CPU is Intel's, where MKL's AVX-512 float32 GEMM is the faster (on AMD, MKL takes
-    its AVX2 path and bf16 wins 5x). Measured on one CPU of each kind (docs/benchmarks.md)."""
-    if torch.cpu._is_amx_tile_supported():
-        return True
-    return bool(torch.cpu._is_avx512_bf16_supported()) and cpu_vendor() != "GenuineIntel"
-
-
 def native_bf16(device: torch.device) -> bool:
     """Whether `device` runs bf16 matmuls in hardware (not emulated)."""
     device = torch.device(device)
@@ -80,9 +70,15 @@ def native_bf16(device: torch.device) -> bool:
 
 
 def bf16_is_faster(device: torch.device) -> bool:
-    """`auto`'s rule: bf16 where `device` runs it faster than float32 (every bf16 GPU)."""
+    """`auto`'s rule, whether `device` runs bf16 matmuls faster than float32: every bf16 GPU; a
+    CPU with AMX; a CPU with AVX512-BF16 alone unless it is Intel's, where MKL's AVX-512 float32
+    GEMM is the faster (docs/benchmarks.md, "Precision")."""
     device = torch.device(device)
-    return native_bf16(device) if device.type == "cuda" else cpu_bf16_is_faster()
+    if device.type == "cuda":
+        return native_bf16(device)
+    if torch.cpu._is_amx_tile_supported():
+        return True
+    return bool(torch.cpu._is_avx512_bf16_supported()) and cpu_vendor() != "GenuineIntel"
 
 
 SHORT_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}

@@ -77,7 +77,7 @@ def test_alpha_schedules_runs_recompute_once_per_staleness():
     assert sorted(v for v in variants if v != "recompute") == sorted(
         f"loglinear-{p.stem.split('-', 1)[1]}" for p in (CONF_DIR / "variant").glob("loglinear-*.yaml")
     )
-    # precision pinned: `auto` is bf16 on some CPUs (a3po.device.cpu_bf16_is_faster), and the name carries it
+    # precision pinned: `auto` is bf16 on some CPUs (a3po.device.bf16_is_faster), and the name carries it
     point = compose_config(["experiment=alpha_schedules", "+variant=loglinear-exponential", "staleness=4",
                             "precision=fp32"])
     assert point.algo.name == "loglinear" and point.schedule.name == "exponential"
