@@ -29,6 +29,11 @@ def fmt_mean_std(mean: float, std: float) -> str:
     return f"{fmt(mean)} ± {fmt(std, 2)}"
 
 
+def fmt_spread(values) -> str:
+    """`mean ± sd` of a pandas Series, or the mean alone where one value gives no spread."""
+    return fmt(values.mean(), 3) + (f" ± {fmt(values.std(), 2)}" if values.count() > 1 else "")
+
+
 def fmt_interval(interval: Interval, digits: int = 3, percent: bool = False, suffix: str = "") -> str:
     """`mean [low, high]` (the 95% CI), or the mean alone with `(n=1)` when there is no
     interval; `percent` shows fractions as percentages."""

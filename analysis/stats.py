@@ -115,3 +115,18 @@ def holm(p_values: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (m - rank) * p))
         adjusted[i] = running
     return adjusted
+
+
+def fisher_floor(n1: int, n2: int) -> float:
+    """The smallest two-sided p Fisher's exact test can give two groups of these sizes, whatever
+    the data: a complete split (every member of one group has the outcome, none of the other).
+    NaN for an empty group."""
+    return float(stats.fisher_exact([[n1, 0], [0, n2]])[1]) if n1 and n2 else math.nan
+
+
+def holm_floor(floors: Sequence[float]) -> float:
+    """The smallest Holm-adjusted p any test of a family can reach, from each test's smallest raw
+    p (NaN: a test not computed, not counted, as in `holm`): Holm's first step on the smallest
+    floor, capped at 1. Every adjusted p is at least the first step's."""
+    finite = [p for p in floors if not math.isnan(p)]
+    return min(1.0, len(finite) * min(finite)) if finite else math.nan

@@ -11,7 +11,7 @@ import pytest
 
 from analysis.family import FamilyTest, judge, judge_family, paired_values, run_test, what_would_decide
 from analysis.figures.arms import _anchor_effect, arm_figures, by_version, with_arms
-from analysis.studies.s6 import (collapsed, load_s6, main, plateau, stress_arm_table, stress_family, stress_runs,
+from analysis.studies.s6 import (collapsed, floor_line, load_s6, main, plateau, stress_arm_table, stress_family, stress_runs,
                                 tier_family)
 from test_report import dump_run
 
@@ -150,6 +150,9 @@ def test_stress_collapses_by_fisher_with_holm(tmp_path):
     scalars = load_s6([root, _sweep(tmp_path / "base", seeds=(3, 4))])[2]  # a base cell with seeds 3, 4
     stress = stress_family(scalars, seeds=SEEDS)
     assert list(stress["lr"]) == [1e-5, 1e-5, 3e-5, 3e-5] and list(stress["arm_collapsed"])[:2] == ["0/1"] * 2
+    assert stress["p_floor"].tolist() == pytest.approx([1, 1, 1 / 35, 1 / 35])  # 1 vs 1 run, 4 vs 4 runs
+    assert floor_line(stress).startswith("At these counts the best case, a complete split, gives a raw p of 0.029 "
+                                         "and 0.11 after Holm: no cell can be decided")  # 4 tests x 1/35
     stress = stress[stress["lr"] == 3e-5]
     assert list(stress["arm"]) == ["inverse", "step_start"]
     assert list(stress["recompute_collapsed"]) == ["4/4", "4/4"] and list(stress["arm_collapsed"]) == ["0/4", "0/4"]
