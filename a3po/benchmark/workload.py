@@ -203,9 +203,10 @@ def build_workload(cfg: DictConfig, options: BenchmarkOptions) -> Workload:
     behaviour version 1 (never the prompt's -1), and the state every repetition starts from."""
     from a3po.models import load_policy
 
+    cfg = RunConfig.of(cfg)  # the benchmark's door: typed from here on
     device = resolve_device(cfg.device)
     precision = resolve_precision(cfg.precision, device, cfg.model.dtype)
-    cfg = RunConfig.of(cfg, precision=precision)  # the benchmark's door: typed from here on
+    cfg = RunConfig.of(cfg, precision=precision)
     retain_freed_memory()  # as a training run does (a3po.run.main)
     torch.manual_seed(cfg.seed)
     policy, tokenizer = load_policy(cfg.model, device=device, seed=cfg.seed)
