@@ -8,17 +8,23 @@ import re
 import pytest
 
 from analysis.load import load_runs
-from analysis.studies.final_reward import judged, main, plateau, study_runs
+from analysis.stopping import registered_seeds, seeds_ended_in_every_arm
+from analysis.studies.final_reward import ARMS, judged, main, plateau, study_runs
 from test_report import dump_run
 
 STEPS = 12
-SEEDS = (0, 1, 2, 3, 4, 5)
+SEEDS = (200, 201, 202, 203, 204, 205)  # six of the registered seeds (conf/experiment/final_reward.yaml)
 WIDE = (0.45, -0.45, 0.4, -0.35, 0.2, -0.3)  # inverse's final eval minus recompute's: too spread to decide R
 
 
-def _sweep(root, final_of, previous=0.7):
+def _i(seed):
+    return seed - SEEDS[0]
+
+
+def _sweep(root, final_of, previous=0.7, stopped_at=None):
     """Two arms (and a step_start run the study leaves out), evals after steps 5 and 11:
-    `previous` then `final_of(arm, seed)`."""
+    `previous` then `final_of(arm, seed)`; `stopped_at` maps (arm, seed) to the step a run stopped
+    at (part-done: no final eval)."""
     for arm, algo, schedule in (("recompute", "recompute", "inverse"), ("inverse", "loglinear", "inverse"),
                                 ("step_start", "loglinear", "step_start")):
         for seed in SEEDS:
@@ -27,6 +33,7 @@ def _sweep(root, final_of, previous=0.7):
             records = [{"step": t, "wall_time": float(t + 1), "reward/mean": 0.5, "time/step": 1.0,
                         "time/step_cpu": 1.0, "staleness/mean": 8.0, "actor/entropy": 0.4} for t in range(STEPS)]
             records[5]["eval/reward"], records[STEPS - 1]["eval/reward"] = previous, final_of(arm, seed)
+            records = records[:(stopped_at or {}).get((arm, seed), STEPS)]
             dump_run(root, f"{arm}-d8-s{seed}", config, records)
     return root
 
@@ -43,7 +50,7 @@ def test_only_the_two_arms_at_d8_are_read(tmp_path):
 
 def test_r_is_equivalent_when_the_differences_sit_well_inside_the_margin(tmp_path):
     noise = (0.01, -0.02, 0.015, 0.0, -0.01, 0.005)
-    runs = _runs(_sweep(tmp_path / "s", lambda arm, seed: 0.8 + (noise[seed] if arm == "inverse" else 0.0)))
+    runs = _runs(_sweep(tmp_path / "s", lambda arm, seed: 0.8 + (noise[_i(seed)] if arm == "inverse" else 0.0)))
     tests = judged(runs).set_index("label")
     assert tests.loc["R", "verdict"] == "equivalent within ±0.12" and tests.loc["R", "n"] == len(SEEDS)
     assert tests.loc["R'", "verdict"] == "no difference shown"
@@ -52,21 +59,21 @@ def test_r_is_equivalent_when_the_differences_sit_well_inside_the_margin(tmp_pat
 
 def test_r_differs_when_the_interval_lies_outside_the_margin_and_is_inconclusive_between(tmp_path):
     far = (0.5, 0.52, 0.48, 0.51, 0.49, 0.5)  # inverse's final eval 0.5 lower: R 0.25 lower
-    tests = judged(_runs(_sweep(tmp_path / "far", lambda arm, s: 0.8 - (far[s] if arm == "inverse" else 0)))).set_index("label")
+    tests = judged(_runs(_sweep(tmp_path / "far", lambda arm, s: 0.8 - (far[_i(s)] if arm == "inverse" else 0)))).set_index("label")
     assert tests.loc["R", "verdict"] == "differs by more than 0.12" and tests.loc["R'", "verdict"] == "lower"
-    tests = judged(_runs(_sweep(tmp_path / "wide", lambda arm, s: 0.5 + (WIDE[s] if arm == "inverse" else 0)))).set_index("label")
+    tests = judged(_runs(_sweep(tmp_path / "wide", lambda arm, s: 0.5 + (WIDE[_i(s)] if arm == "inverse" else 0)))).set_index("label")
     assert tests.loc["R", "verdict"] == "inconclusive"
 
 
 def test_the_plateau_check_reads_recomputes_last_two_evals(tmp_path):
-    flat = plateau(_runs(_sweep(tmp_path / "flat", lambda arm, seed: 0.7 + 0.001 * seed)))
+    flat = plateau(_runs(_sweep(tmp_path / "flat", lambda arm, seed: 0.7 + 0.001 * _i(seed))))
     assert flat["holds"] and flat["interval"].n == len(SEEDS)
-    rising = plateau(_runs(_sweep(tmp_path / "rising", lambda arm, seed: 0.85 + 0.01 * seed)))
+    rising = plateau(_runs(_sweep(tmp_path / "rising", lambda arm, seed: 0.85 + 0.01 * _i(seed))))
     assert not rising["holds"] and rising["interval"].mean == pytest.approx(0.175)
 
 
 def test_the_report_command_writes_every_section(tmp_path):
-    root = _sweep(tmp_path / "s", lambda arm, seed: 0.5 + (WIDE[seed] if arm == "inverse" else 0.0))
+    root = _sweep(tmp_path / "s", lambda arm, seed: 0.5 + (WIDE[_i(seed)] if arm == "inverse" else 0.0))
     out, figures = tmp_path / "report" / "final_reward.md", tmp_path / "report" / "final_reward"
     assert main([str(root), "--out", str(out), "--figures-dir", str(figures),
                  "--deviations", "docs/studies/final_reward.md"]) == 0
@@ -78,3 +85,38 @@ def test_the_report_command_writes_every_section(tmp_path):
     assert re.search(r"\| R +\|.*\| +\*\*inconclusive\*\* \|", text)
     assert re.search(r"a TOST at ±0.12 needs [\d,]+ seeds for 80% power", text)
     assert (figures / "final_reward_reward_d8.png").exists()
+
+
+def test_the_stopping_rule_reads_the_seeds_ended_in_both_arms_and_lists_the_rest(tmp_path):
+    """A part-done run (stopped at step 8) and its pair leave R; the registered seeds never
+    started are listed; a run on an unregistered seed is not the study's."""
+    root = _sweep(tmp_path / "s", lambda arm, seed: 0.8, stopped_at={("inverse", 201): 8})
+    dump_run(root, "recompute-d8-s999", {"experiment_name": "final_reward", "algo": {"name": "recompute"},
+                                         "schedule": {"name": "inverse"}, "staleness": 8, "seed": 999,
+                                         "train": {"total_steps": STEPS}}, [{"step": 0, "wall_time": 1.0}])
+    seeds = registered_seeds("final_reward")
+    assert seeds == list(range(200, 216))
+    runs = study_runs(load_runs([root]), seeds)
+    assert 999 not in set(runs["seed"]) and runs["ended"].sum() == 2 * len(SEEDS) - 1
+    kept, left_out = seeds_ended_in_every_arm(runs, seeds, list(ARMS))
+    assert sorted(set(kept["seed"])) == [s for s in SEEDS if s != 201] and len(kept) == 2 * (len(SEEDS) - 1)
+    assert left_out[:2] == ["recompute seed 201: ended, its pair did not", "inverse seed 201: part-done"]
+    assert left_out[2:4] == ["recompute seed 206: not started", "inverse seed 206: not started"]
+    assert len(left_out) == 2 * (len(seeds) - len(SEEDS) + 1)
+    assert judged(kept).set_index("label").loc["R", "n"] == len(SEEDS) - 1
+
+
+def test_the_report_says_which_runs_it_left_out(tmp_path):
+    root = _sweep(tmp_path / "s", lambda arm, seed: 0.5 + (WIDE[_i(seed)] if arm == "inverse" else 0.0),
+                  stopped_at={("recompute", 203): 9})
+    out = tmp_path / "report" / "final_reward.md"
+    assert main([str(root), "--out", str(out), "--figures-dir", str(tmp_path / "figures")]) == 0
+    text = out.read_text()
+    assert "Read from the 5 seeds ended in every arm (the stopping rule); left out, 22 of 32 registered runs: " \
+           "recompute seed 203: part-done; inverse seed 203: ended, its pair did not; recompute seed 206: not started" in text
+    assert re.search(r"\| R +\| .* \| +5 \|", text)
+
+
+def test_an_unknown_experiment_names_the_file_and_the_ones_there(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"nosuch\.yaml: no such experiment \(one of: .*final_reward"):
+        registered_seeds("nosuch")

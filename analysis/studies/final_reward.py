@@ -8,7 +8,9 @@ by seed, on the final policy's held-out reward (`last_evals_reward`, the mean of
 evals): a TOST at +-`MARGIN` (`analysis.family`), alone in its family, so at alpha 0.05. Beside
 it, outside the family and read as descriptive: the two-sided paired difference, the plateau
 check on recompute's last two evals, what more seeds would decide, and the figures
-(`analysis.figures.arms`).
+(`analysis.figures.arms`). The registered stopping rule (`analysis.stopping`): only the ended
+runs of the seeds ended in both arms are read, and the report lists the registered runs it left
+out.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from analysis.markdown import fmt, markdown_table
 from analysis.outcomes import with_outcomes
 from analysis.provenance import figures_markdown, generated_line, provenance
 from analysis.scalars import plateau_check, run_scalars
+from analysis.stopping import ended, left_out_line, registered_seeds, seeds_ended_in_every_arm
 
 STALENESS = 8
 MARGIN = 0.12          # absolute reward, S6's margin (docs/studies/final_reward.md)
@@ -35,16 +38,26 @@ REWARD = FamilyTest("R", "held-out reward, mean of the last two evals", "last_ev
 DIFFERENCE = FamilyTest("R'", "held-out reward, mean of the last two evals", "last_evals_reward", "two_sided")
 
 
-def study_runs(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per run at `STALENESS` of an arm in `ARMS`: `run_scalars`, outcomes, `arm` and its
-    evals (the held-out rewards in step order)."""
+def study_runs(df: pd.DataFrame, seeds: list[int] | None = None) -> pd.DataFrame:
+    """One row per run at `STALENESS` of an arm in `ARMS` on a registered seed (`seeds`, the
+    experiment's by default): `run_scalars`, outcomes, `arm`, `ended` (all its steps, or diverged:
+    such runs keep their reward) and its evals (the held-out rewards in step order)."""
+    seeds = registered_seeds("final_reward") if seeds is None else seeds
     scalars = with_outcomes(run_scalars(df), df)
     scalars["arm"] = [next((arm for arm, (algo, schedule) in ARMS.items()
                             if row["algo"] == algo and (not schedule or row["schedule"] == schedule)), "")
                       for _, row in scalars.iterrows()]
+    scalars["ended"] = ended(scalars)
     evals = df[df["metric"] == "eval/reward"].sort_values("step").groupby(["experiment", "run"])["value"].agg(list)
     scalars = scalars.join(evals.rename("evals"), on=["experiment", "run"])
-    return scalars[(scalars["staleness"] == STALENESS) & (scalars["arm"] != "")].reset_index(drop=True)
+    keep = (scalars["staleness"] == STALENESS) & (scalars["arm"] != "") & scalars["seed"].isin(seeds)
+    return scalars[keep].reset_index(drop=True)
+
+
+def rows_of(df: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """The tidy rows of `runs` alone (the figures draw what the test reads)."""
+    keys = pd.MultiIndex.from_frame(runs[["experiment", "run"]])
+    return df[pd.MultiIndex.from_frame(df[["experiment", "run"]]).isin(keys)]
 
 
 def _by_seed(runs: pd.DataFrame, arm: str) -> dict[int, float]:
@@ -87,7 +100,8 @@ def _command(args: argparse.Namespace) -> str:
 def report(args: argparse.Namespace) -> list[str]:
     """The report's lines (markdown) from the parsed command line."""
     df, configs = load_runs(args.logs), load_configs(args.logs)
-    runs = study_runs(df)
+    seeds = registered_seeds("final_reward")
+    runs, left_out = seeds_ended_in_every_arm(study_runs(df, seeds), seeds, list(ARMS))
     tests, check = judged(runs), plateau(runs)
     gain = check["interval"]
     decide = what_would_decide(tests.iloc[:1])
@@ -96,6 +110,7 @@ def report(args: argparse.Namespace) -> list[str]:
             "this page.", "",
             "## Provenance", "", provenance(args.logs, runs, configs, df.attrs.get("skipped", ())), "",
             provenance_table(runs, [("d", "staleness")]), "",
+            left_out_line(runs, left_out, len(seeds) * len(ARMS), len(ARMS)), "",
             "## Arms", "", _arm_table(runs), "",
             "## The claim", "",
             f"R is the registered test (TOST at ±{MARGIN:g}, alone in its family: α 0.05); R' is descriptive. "
@@ -108,7 +123,7 @@ def report(args: argparse.Namespace) -> list[str]:
             ("R is decided." if decide.empty else
              f"At the observed spread (sd {fmt(decide.iloc[0]['sd'], 3)}) and difference, a TOST at ±{MARGIN:g} "
              f"needs {decide.iloc[0]['seeds_loosest']} seeds for 80% power."), "",
-            "## Figures", "", figures_markdown(arm_figures(df, STALENESS, args.figures_dir, "final_reward", "Final reward"),
+            "## Figures", "", figures_markdown(arm_figures(rows_of(df, runs), STALENESS, args.figures_dir, "final_reward", "Final reward"),
                                                 args.out.parent)]
 
 

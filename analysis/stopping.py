@@ -1,0 +1,53 @@
+"""The studies' stopping rule: which runs a report may read when a sweep did not finish.
+
+S6 and S7 register it alike (docs/studies/s6.md, docs/studies/final_reward.md): a report reads
+the runs that ended (all their steps, or diverged: such runs keep their reward) of the
+registered seeds, only the seeds ended in every arm, and lists each registered run it left
+out. The registered seeds are the experiment's own sweep (`conf/experiment/<name>.yaml`,
+`hydra.sweeper.params.seed`), so the rule reads the grid the runs were launched from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "conf" / "experiment"
+
+
+def registered_seeds(experiment: str, experiments: Path = EXPERIMENTS) -> list[int]:
+    """The seeds `experiment`'s sweep registers, in its order."""
+    path = experiments / f"{experiment}.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such experiment (one of: "
+                                f"{', '.join(sorted(p.stem for p in experiments.glob('*.yaml')))})")
+    return [int(seed) for seed in str(OmegaConf.load(path).hydra.sweeper.params.seed).split(",")]
+
+
+def ended(runs: pd.DataFrame) -> pd.Series:
+    """Per run: it logged all its steps (`complete`) or diverged (`diverged`, from `with_outcomes`)."""
+    return runs["complete"].astype(bool) | runs["diverged"].astype(bool)
+
+
+def seeds_ended_in_every_arm(runs: pd.DataFrame, seeds: Sequence[int], arms: Sequence[str]) -> tuple[pd.DataFrame, list[str]]:
+    """`runs` (one row per run, with `arm`, `seed`, `complete`, `diverged`) cut to the ended runs
+    of the seeds ended in every arm, and a line for each registered (arm, seed) left out: "ended,
+    its pair did not", "part-done" or "not started", in seed then arm order."""
+    done = runs[ended(runs)]
+    done_pairs, started = set(zip(done["arm"], done["seed"])), set(zip(runs["arm"], runs["seed"]))
+    kept = [seed for seed in seeds if all((arm, seed) in done_pairs for arm in arms)]
+    left_out = [f"{arm} seed {seed}: " + ("ended, its pair did not" if (arm, seed) in done_pairs
+                                       else "part-done" if (arm, seed) in started else "not started")
+                for seed in seeds if seed not in kept for arm in arms]
+    return done[done["seed"].isin(kept)].reset_index(drop=True), left_out
+
+
+def left_out_line(kept: pd.DataFrame, left_out: Sequence[str], n_registered: int, n_arms: int) -> str:
+    """The report's line on what the stopping rule read."""
+    if not left_out:
+        return f"Every registered run ended ({len(kept)} of {n_registered})."
+    return (f"Read from the {len(kept) // n_arms} seeds ended in every arm (the stopping rule); left out, "
+            f"{len(left_out)} of {n_registered} registered runs: " + "; ".join(left_out) + ".")
