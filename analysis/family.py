@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
+from analysis.markdown import fmt, markdown_table
 from analysis.power import (ALPHA, MAX_SEEDS, minimum_detectable_effect, sd_from_interval, seeds_needed, tost,
                             tost_seeds_needed)
 from analysis.stats import holm, mean_ci
@@ -74,7 +75,8 @@ def paired_values(test: FamilyTest, treated: Mapping[int, float], baseline: Mapp
 def run_test(test: FamilyTest, effects: Sequence[float], alpha: float = ALPHA) -> dict:
     """Mean effect, its 95% interval, n and the raw p-value (NaN below 2 seeds)."""
     interval = mean_ci(effects)
-    row = {"label": test.label, "quantity": test.quantity, "kind": test.kind, "margin": test.margin, "n": interval.n,
+    row = {"label": test.label, "quantity": test.quantity, "kind": test.kind, "scale": test.scale, "margin": test.margin,
+           "n": interval.n,
            "effect": interval.mean, "low": interval.low, "high": interval.high, "p": math.nan}
     if interval.n < 2:
         return row
@@ -144,3 +146,28 @@ def what_would_decide(family: pd.DataFrame, alpha: float = ALPHA) -> pd.DataFram
                      "seeds_loosest": _seeds(row, sd, alpha), "seeds_strictest": _seeds(row, sd, alpha / len(family))})
     return pd.DataFrame(rows, columns=["comparison", "label", "n", "effect", "sd", "mde", "seeds_loosest",
                                        "seeds_strictest"])
+
+
+def shown(row: Mapping) -> str:
+    """A judged test's effect [95% interval]; a log ratio shown as the ratio it is."""
+    values = (row["effect"], row["low"], row["high"])
+    if row["scale"] == "log_ratio":
+        values = tuple(math.exp(v) if np.isfinite(v) else v for v in values)
+    effect, low, high = (fmt(v, 3) for v in values)
+    return f"{effect} [{low}, {high}]" + ("x" if row["scale"] == "log_ratio" else "")
+
+
+def family_table(family: pd.DataFrame) -> str:
+    """A judged family in markdown: each test's effect, raw and Holm p-values and verdicts."""
+    headers = ["comparison", "test", "quantity", "seeds", "effect [95% CI]", "p", "p (Holm)", "verdict, raw", "**verdict**"]
+    rows = [[r["comparison"], r["label"], r["quantity"], r["n"], shown(r), fmt(r["p"], 2), fmt(r["p_holm"], 2),
+             r["verdict_raw"], f"**{r['verdict']}**"] for _, r in family.iterrows()]
+    return markdown_table(headers, rows, numeric_from=len(headers))
+
+
+def undecided_table(family: pd.DataFrame) -> str:
+    """`what_would_decide` in markdown."""
+    rows = [[r["comparison"], r["label"], r["n"], *(fmt(r[c], 3) for c in ("effect", "sd", "mde")),
+             r["seeds_loosest"], r["seeds_strictest"]] for _, r in what_would_decide(family).iterrows()]
+    return markdown_table(["comparison", "test", "seeds", "effect", "sd", "MDE", "seeds needed, α 0.05",
+                           f"seeds needed, α 0.05/{len(family)}"], rows, numeric_from=2)

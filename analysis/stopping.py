@@ -45,9 +45,15 @@ def seeds_ended_in_every_arm(runs: pd.DataFrame, seeds: Sequence[int], arms: Seq
     return done[done["seed"].isin(kept)].reset_index(drop=True), left_out
 
 
-def left_out_line(kept: pd.DataFrame, left_out: Sequence[str], n_registered: int, n_arms: int) -> str:
-    """The report's line on what the stopping rule read."""
+def left_out_line(n_kept: int, left_out: Sequence[str], n_registered: int) -> str:
+    """The report's line on what the stopping rule read: `n_kept` runs of `n_registered`."""
     if not left_out:
-        return f"Every registered run ended ({len(kept)} of {n_registered})."
-    return (f"Read from the {len(kept) // n_arms} seeds ended in every arm (the stopping rule); left out, "
+        return f"Every registered run ended ({n_kept} of {n_registered})."
+    return (f"Read from {n_kept} runs, those of the seeds ended in every arm (the stopping rule); left out, "
             f"{len(left_out)} of {n_registered} registered runs: " + "; ".join(left_out) + ".")
+
+
+def rows_of(df: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """The tidy rows (`load_runs`) of `runs` alone, so the figures draw what the tests read."""
+    keys = pd.MultiIndex.from_frame(runs[["experiment", "run"]])
+    return df[pd.MultiIndex.from_frame(df[["experiment", "run"]]).isin(keys)]

@@ -112,7 +112,7 @@ def test_the_report_says_which_runs_it_left_out(tmp_path):
     out = tmp_path / "report" / "final_reward.md"
     assert main([str(root), "--out", str(out), "--figures-dir", str(tmp_path / "figures")]) == 0
     text = out.read_text()
-    assert "Read from the 5 seeds ended in every arm (the stopping rule); left out, 22 of 32 registered runs: " \
+    assert "Read from 10 runs, those of the seeds ended in every arm (the stopping rule); left out, 22 of 32 registered runs: " \
            "recompute seed 203: part-done; inverse seed 203: ended, its pair did not; recompute seed 206: not started" in text
     assert re.search(r"\| R +\| .* \| +5 \|", text)
 

@@ -12,10 +12,10 @@ import pytest
 from analysis.family import FamilyTest, judge, judge_family, paired_values, run_test, what_would_decide
 from analysis.figures.arms import _anchor_effect, arm_figures, by_version, with_arms
 from analysis.studies.s6 import (collapsed, floor_line, load_s6, main, plateau, stress_arm_table, stress_family, stress_runs,
-                                tier_family)
+                                tier_family, tier_runs)
 from test_report import dump_run
 
-SEEDS = (0, 1, 2, 3)
+SEEDS = (100, 101, 102, 103)  # four of S6's registered seeds (conf/experiment/s6.yaml)
 STEPS = 12  # staleness 8: steps 8-11 are steady
 NOISE = (0.0, 0.004, -0.003, 0.002, 0.001)  # per seed, so intervals have a width
 
@@ -28,7 +28,7 @@ def _config(arm: str, seed: int, lr: float = 1e-5, minibatches: int = 4) -> dict
 
 
 def _records(arm: str, seed: int, evals=(0.5, 0.7)) -> list[dict]:
-    noise = NOISE[seed]
+    noise = NOISE[seed - SEEDS[0]]
     inverse, step_start = arm == "inverse", arm == "step_start"
     per_step = {
         "reward/mean": 0.5, "time/step": 10.0, "time/step_cpu": 10.0 - (2.0 if arm != "recompute" else 0.0) + noise,
@@ -40,7 +40,7 @@ def _records(arm: str, seed: int, evals=(0.5, 0.7)) -> list[dict]:
         "offpolicy/total_ratio_max": 4.0 + noise, "offpolicy/total_ratio_min": 0.3 + noise,
         "offpolicy/ess_total": 0.9 + noise, "offpolicy/kl_k3": 0.01 + noise / 100,
         # raw p about 0.01 for step_start, not significant once the family is adjusted
-        "actor/grad_norm": 1.0 + ((0.08, 0.12, 0.05, 0.10, 0.07)[seed] if step_start else 0.0),
+        "actor/grad_norm": 1.0 + ((0.08, 0.12, 0.05, 0.10, 0.07)[seed - SEEDS[0]] if step_start else 0.0),
         "prox_error/recompute/clip_rate": 0.04 + (0.005 if inverse else 0.0) + noise / 10,
         "prox_error/inverse/clip_rate": 0.06 + noise / 10, "prox_error/step_start/clip_rate": 0.04 + noise / 10,
         "prox_error/inverse/logp_abs": 0.12, "prox_error/step_start/logp_abs": 0.05,
@@ -52,12 +52,15 @@ def _records(arm: str, seed: int, evals=(0.5, 0.7)) -> list[dict]:
     return records
 
 
-def _sweep(root, arms=("recompute", "inverse", "step_start"), lr=1e-5, minibatches=4, evals_of=None, seeds=SEEDS):
+def _sweep(root, arms=("recompute", "inverse", "step_start"), lr=1e-5, minibatches=4, evals_of=None, seeds=SEEDS,
+           stopped_at=None):
+    """The arms x seeds at (lr, minibatches); `stopped_at` maps (arm, seed) to the step a part-done run stopped at."""
     for arm in arms:
         for seed in seeds:
             name = f"{arm}-d8-s{seed}-lr{lr:g}-m{minibatches}"
             evals = evals_of(arm) if evals_of else (0.5, 0.7)
-            dump_run(root, name, _config(arm, seed, lr, minibatches), _records(arm, seed, evals))
+            records = _records(arm, seed, evals)[:(stopped_at or {}).get((arm, seed), STEPS)]
+            dump_run(root, name, _config(arm, seed, lr, minibatches), records)
     return root
 
 
@@ -147,8 +150,10 @@ def test_plateau_and_collapse_rules(tmp_path):
 
 def test_stress_collapses_by_fisher_with_holm(tmp_path):
     root = _sweep(tmp_path / "stress", lr=3e-5, evals_of=lambda arm: (0.5, 0.05) if arm == "recompute" else (0.5, 0.6))
-    scalars = load_s6([root, _sweep(tmp_path / "base", seeds=(3, 4))])[2]  # a base cell with seeds 3, 4
-    stress = stress_family(scalars, seeds=SEEDS)
+    scalars = load_s6([root, _sweep(tmp_path / "base", seeds=(103, 104))])[2]  # a base cell with seeds 103, 104
+    runs, left_out = stress_runs(scalars, seeds=SEEDS)
+    assert len(left_out) == 3 * 3 + 3 * 4 * 2  # base cell: seeds 100-102 not started; (3e-5, 8), (1e-5, 8): none
+    stress = stress_family(runs)
     assert list(stress["lr"]) == [1e-5, 1e-5, 3e-5, 3e-5] and list(stress["arm_collapsed"])[:2] == ["0/1"] * 2
     assert stress["p_floor"].tolist() == pytest.approx([1, 1, 1 / 35, 1 / 35])  # 1 vs 1 run, 4 vs 4 runs
     assert floor_line(stress).startswith("At these counts the best case, a complete split, gives a raw p of 0.029 "
@@ -158,7 +163,7 @@ def test_stress_collapses_by_fisher_with_holm(tmp_path):
     assert list(stress["recompute_collapsed"]) == ["4/4", "4/4"] and list(stress["arm_collapsed"]) == ["0/4", "0/4"]
     assert stress["p"].tolist() == pytest.approx([1 / 35, 1 / 35])  # Fisher's exact, 4-0 against 0-4
     assert list(stress["verdict"]) == ["no difference shown"] * 2  # Holm: 2/35 (and 1) each, above 0.05
-    table = stress_arm_table(stress_runs(scalars, seeds=SEEDS))
+    table = stress_arm_table(runs)
     assert re.search(r"\| 3e-05 +\| 4 +\| recompute +\| +4 \| +4 \| +0.275 ± 0.0015 \|", table)  # evals 0.5, 0.05
     assert re.search(r"\| 1e-05 +\| 4 +\| recompute +\| +1 \| +0 \| +0.601 \|", table)  # one run: no spread
 
@@ -209,3 +214,29 @@ def test_the_anchor_effect_figure_data_is_own_anchor_minus_recompute(tmp_path):
     assert set(effect["arm"]) == {"inverse", "step_start"}
     means = effect.groupby("arm")["value"].mean()
     assert means["inverse"] == pytest.approx(0.06 - 0.045, abs=1e-3) and means["step_start"] == pytest.approx(0, abs=1e-3)
+
+
+def test_the_stopping_rule_reads_the_seeds_ended_in_all_three_arms(tmp_path):
+    """A part-done step_start run takes its seed out of the tier; a part-done stress run takes
+    its seed out of its cell alone; the report lists both."""
+    root = _sweep(tmp_path / "s6", stopped_at={("step_start", 101): 7})
+    _sweep(root, lr=3e-5, minibatches=8, stopped_at={("recompute", 102): 9})
+    scalars = load_s6([root])[2]
+    cell, left_out = tier_runs(scalars, 8)
+    assert sorted(set(cell["seed"])) == [100, 102, 103] and len(cell) == 9
+    assert left_out[:3] == ["recompute seed 101: ended, its pair did not", "inverse seed 101: ended, its pair did not",
+                            "step_start seed 101: part-done"]
+    assert left_out[3:] == [f"{arm} seed {seed}: not started" for seed in range(104, 108)
+                            for arm in ("recompute", "inverse", "step_start")]
+    assert set(tier_family(cell, 8)["n"]) <= {3}
+    runs, stress_left_out = stress_runs(scalars)
+    by_cell = runs.groupby(["lr", "n_minibatches"])["seed"].agg(lambda s: sorted(set(s)))
+    assert by_cell[(1e-5, 4)] == [100, 102, 103] and by_cell[(3e-5, 8)] == [100, 101, 103]  # tier B: seeds 100-104
+    assert "lr 3e-05, 8 minibatches, recompute seed 102: part-done" in stress_left_out
+    assert "lr 3e-05, 4 minibatches, recompute seed 100: not started" in stress_left_out
+    out = tmp_path / "s6.md"
+    assert main([str(root), "--out", str(out), "--figures-dir", str(tmp_path / "figures"), "--stress", str(root)]) == 0
+    text = out.read_text()
+    assert "Read from 9 runs, those of the seeds ended in every arm (the stopping rule); left out, 15 of 24 registered " \
+           "runs: recompute seed 101: ended, its pair did not;" in text
+    assert "lr 1e-05, 4 minibatches, step_start seed 101: part-done" in text

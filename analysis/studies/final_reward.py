@@ -27,7 +27,7 @@ from analysis.markdown import fmt, markdown_table
 from analysis.outcomes import with_outcomes
 from analysis.provenance import figures_markdown, generated_line, provenance
 from analysis.scalars import plateau_check, run_scalars
-from analysis.stopping import ended, left_out_line, registered_seeds, seeds_ended_in_every_arm
+from analysis.stopping import ended, left_out_line, registered_seeds, rows_of, seeds_ended_in_every_arm
 
 STALENESS = 8
 MARGIN = 0.12          # absolute reward, S6's margin (docs/studies/final_reward.md)
@@ -52,12 +52,6 @@ def study_runs(df: pd.DataFrame, seeds: list[int] | None = None) -> pd.DataFrame
     scalars = scalars.join(evals.rename("evals"), on=["experiment", "run"])
     keep = (scalars["staleness"] == STALENESS) & (scalars["arm"] != "") & scalars["seed"].isin(seeds)
     return scalars[keep].reset_index(drop=True)
-
-
-def rows_of(df: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
-    """The tidy rows of `runs` alone (the figures draw what the test reads)."""
-    keys = pd.MultiIndex.from_frame(runs[["experiment", "run"]])
-    return df[pd.MultiIndex.from_frame(df[["experiment", "run"]]).isin(keys)]
 
 
 def _by_seed(runs: pd.DataFrame, arm: str) -> dict[int, float]:
@@ -110,7 +104,7 @@ def report(args: argparse.Namespace) -> list[str]:
             "this page.", "",
             "## Provenance", "", provenance(args.logs, runs, configs, df.attrs.get("skipped", ())), "",
             provenance_table(runs, [("d", "staleness")]), "",
-            left_out_line(runs, left_out, len(seeds) * len(ARMS), len(ARMS)), "",
+            left_out_line(len(runs), left_out, len(seeds) * len(ARMS)), "",
             "## Arms", "", _arm_table(runs), "",
             "## The claim", "",
             f"R is the registered test (TOST at ±{MARGIN:g}, alone in its family: α 0.05); R' is descriptive. "

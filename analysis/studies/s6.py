@@ -22,7 +22,7 @@ from scipy import stats as scipy_stats
 
 from analysis.anchor.clip_rates import recompute_batches_lines
 from analysis.claims.contrasts import deviations_flag, provenance_table, write_study_report
-from analysis.family import FamilyTest, judge_family, paired_values, what_would_decide
+from analysis.family import FamilyTest, family_table, judge_family, paired_values, undecided_table
 from analysis.figures.arms import arm_figures
 from analysis.load import load_configs, load_runs
 from analysis.markdown import fmt, fmt_spread, markdown_table
@@ -31,13 +31,15 @@ from analysis.power import minimum_detectable_effect, sd_from_interval, tost_see
 from analysis.provenance import figures_markdown, generated_line, provenance
 from analysis.scalars import plateau_check, run_scalars
 from analysis.stats import fisher_floor, holm, holm_floor
+from analysis.stopping import left_out_line, registered_seeds, rows_of, seeds_ended_in_every_arm
 
 ARMS = ("inverse", "step_start")  # the loglinear schedules each compared with recompute
 BASELINE = "recompute"
 MARGIN = 0.12                      # R's equivalence band, absolute reward (docs/studies/s6.md)
 PLATEAU_GAIN = 0.05                # the plateau check's bound on recompute's last eval gain
 COLLAPSE_FRACTION = 0.5            # collapsed: last eval below half the run's best eval
-STRESS_SEEDS = (100, 101, 102, 103, 104)  # tier B's seeds; its cell (1e-5, 4) is tier A's runs of these
+TIER_CELL = (1e-5, 4)  # tiers A and C: (lr, minibatches), conf/experiment/s6.yaml
+STRESS_CELLS = (TIER_CELL, (3e-5, 4), (3e-5, 8), (1e-5, 8))  # tier B's (lr, minibatches); the first is tier A's runs
 STEADY_EXTRAS = {"total_ratio_max": "offpolicy/total_ratio_max", "total_ratio_min": "offpolicy/total_ratio_min",
                  "ess_total": "offpolicy/ess_total", "grad_norm": "actor/grad_norm",
                  "clip_recompute_anchor": "prox_error/recompute/clip_rate"}
@@ -95,6 +97,19 @@ def _by_seed(rows: pd.DataFrame, column: str) -> dict[int, float]:
     return {int(s): float(v) for s, v in zip(rows["seed"], rows[column])}
 
 
+def _cell(scalars: pd.DataFrame, staleness: int, lr: float, minibatches: int) -> pd.DataFrame:
+    return scalars[(scalars["staleness"] == staleness) & np.isclose(scalars["lr"], lr)
+                   & (scalars["n_minibatches"] == minibatches) & (scalars["arm"] != "")]
+
+
+def tier_runs(scalars: pd.DataFrame, staleness: int, seeds=None) -> tuple[pd.DataFrame, list[str]]:
+    """The registered stopping rule (`analysis.stopping`): the tier's ended runs (`TIER_CELL` at
+    `staleness`) of the seeds (`s6`'s by default) ended in all three arms, and the registered runs
+    left out."""
+    return seeds_ended_in_every_arm(_cell(scalars, staleness, *TIER_CELL), registered_seeds("s6") if seeds is None
+                                    else seeds, (BASELINE, *ARMS))
+
+
 def tier_family(scalars: pd.DataFrame, staleness: int) -> pd.DataFrame:
     """TESTS for each arm against recompute at `staleness`, judged as one Holm family."""
     cell = scalars[scalars["staleness"] == staleness]
@@ -121,18 +136,24 @@ def collapsed(row) -> bool:
     return bool(row["flagged"]) or (len(evals) > 0 and evals[-1] < COLLAPSE_FRACTION * max(evals))
 
 
-def stress_runs(scalars: pd.DataFrame, staleness: int = 8, seeds=STRESS_SEEDS) -> pd.DataFrame:
-    """Tier B's runs at `staleness` and `seeds` (tier A's other seeds stay out of its base cell),
-    each marked `collapsed`."""
-    runs = scalars[(scalars["staleness"] == staleness) & scalars["seed"].isin(seeds)].copy()
+def stress_runs(scalars: pd.DataFrame, staleness: int = 8, seeds=None) -> tuple[pd.DataFrame, list[str]]:
+    """Tier B's runs at `staleness` under the stopping rule, cell by cell (`STRESS_CELLS`; seeds
+    `s6_stress`'s by default, so tier A's other seeds stay out of its base cell), each marked
+    `collapsed`, and the registered runs left out, named with their cell."""
+    seeds, kept, left_out = registered_seeds("s6_stress") if seeds is None else seeds, [], []
+    for lr, m in STRESS_CELLS:
+        runs, missing = seeds_ended_in_every_arm(_cell(scalars, staleness, lr, m), seeds, (BASELINE, *ARMS))
+        kept += [runs] if len(runs) else []
+        left_out += [f"lr {lr:g}, {m} minibatches, {line}" for line in missing]
+    runs = pd.concat(kept, ignore_index=True) if kept else scalars.iloc[:0].copy()
     runs["collapsed"] = [collapsed(row) for _, row in runs.iterrows()]
-    return runs
+    return runs, left_out
 
 
-def stress_family(scalars: pd.DataFrame, staleness: int = 8, seeds=STRESS_SEEDS) -> pd.DataFrame:
-    """Per (lr, minibatches) cell and loglinear arm: collapse counts against recompute, Fisher's
-    exact two-sided p and its floor at these counts (`fisher_floor`), Holm over every cell and arm."""
-    runs = stress_runs(scalars, staleness, seeds)
+def stress_family(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per (lr, minibatches) cell of `stress_runs` and loglinear arm: collapse counts against
+    recompute, Fisher's exact two-sided p and its floor at these counts (`fisher_floor`), Holm
+    over every cell and arm."""
     rows = []
     for (lr, m), cell in runs.groupby(["lr", "n_minibatches"]):
         base = cell[cell["arm"] == BASELINE]["collapsed"]
@@ -154,23 +175,6 @@ def stress_family(scalars: pd.DataFrame, staleness: int = 8, seeds=STRESS_SEEDS)
 
 ARM_COLUMNS = ("last_evals_reward", "entropy", "clip_ratio", "iw_max", "total_ratio_max", "kl_k3", "cpu_time_s")
 PAPER_MARGIN = 0.02  # the paper's "within 2%", relative to recompute's reward
-
-
-def _shown(row: pd.Series) -> str:
-    """Effect [95% interval]; a log ratio shown as the ratio it is."""
-    scale = next(t.scale for t in TESTS if t.label == row["label"])
-    values = (row["effect"], row["low"], row["high"])
-    if scale == "log_ratio":
-        values = tuple(math.exp(v) if np.isfinite(v) else v for v in values)
-    effect, low, high = (fmt(v, 3) for v in values)
-    return f"{effect} [{low}, {high}]" + ("x" if scale == "log_ratio" else "")
-
-
-def family_table(family: pd.DataFrame) -> str:
-    headers = ["comparison", "test", "quantity", "seeds", "effect [95% CI]", "p", "p (Holm)", "verdict, raw", "**verdict**"]
-    rows = [[r["comparison"], r["label"], r["quantity"], r["n"], _shown(r), fmt(r["p"], 2), fmt(r["p_holm"], 2),
-             r["verdict_raw"], f"**{r['verdict']}**"] for _, r in family.iterrows()]
-    return markdown_table(headers, rows, numeric_from=len(headers))
 
 
 def arm_table(scalars: pd.DataFrame, staleness: int) -> str:
@@ -198,13 +202,6 @@ def power_lines(family: pd.DataFrame, scalars: pd.DataFrame, staleness: int) -> 
                      f"difference 0: {tost_seeds_needed(0.0, sd, MARGIN)}; at the paper's 2% (±{fmt(paper, 3)}): "
                      f"{tost_seeds_needed(0.0, sd, paper) if np.isfinite(paper) else 'n/a'}.")
     return lines
-
-
-def undecided_table(family: pd.DataFrame) -> str:
-    rows = [[r["comparison"], r["label"], r["n"], *(fmt(r[c], 3) for c in ("effect", "sd", "mde")),
-             r["seeds_loosest"], r["seeds_strictest"]] for _, r in what_would_decide(family).iterrows()]
-    return markdown_table(["comparison", "test", "seeds", "effect", "sd", "MDE", "seeds needed, α 0.05",
-                           f"seeds needed, α 0.05/{len(family)}"], rows, numeric_from=2)
 
 
 STRESS_COLUMNS = ("last_evals_reward", "iw_max", "total_ratio_max", "total_ratio_min")
@@ -255,22 +252,22 @@ def report(args: argparse.Namespace) -> list[str]:
     """The report's lines (markdown) from the parsed command line."""
     df, configs, scalars = load_s6(args.logs)
     staleness = args.staleness
-    family = tier_family(scalars, staleness)
-    check = plateau(scalars, staleness)
-    cell = scalars[scalars["staleness"] == staleness]
+    cell, left_out = tier_runs(scalars, staleness)
+    skipped, df = df.attrs.get("skipped", ()), rows_of(df, cell)
+    family, check = tier_family(cell, staleness), plateau(cell, staleness)
     lines = [f"# S6 at d = {staleness}: the claims on the words testbed", "",
              generated_line(_command(args)) + " Pre-registered in docs/studies/s6.md (tests, margin, Holm family, "
              "verdict rules); its deviations end this page.", "",
-             "## Provenance", "", provenance(args.logs, cell, configs, df.attrs.get("skipped", ())), "",
+             "## Provenance", "", provenance(args.logs, cell, configs, skipped), "",
              provenance_table(cell, [("d", "staleness")]), "",
-             "## Arms (mean ± sd over runs)", "", arm_table(scalars, staleness), "",
+             left_out_line(len(cell), left_out, 3 * len(registered_seeds("s6"))), "", "## Arms (mean ± sd over runs)", "", arm_table(cell, staleness), "",
              f"## The family: {len(family)} tests, Holm-adjusted", "",
              "Verdicts as registered: \"inconclusive\" and \"no difference shown\" never count as a claim holding; "
              "\"equivalent\" only from the TOST of R.", "", family_table(family), "",
              "## Plateau check (recompute: last eval - the one before)", "",
              f"{fmt(check['gain'], 3)} [{fmt(check['low'], 3)}, {fmt(check['high'], 3)}] over {check['n']} seeds: "
              + ("**holds** (upper end below " if check["holds"] else "**does not hold** (upper end not below ")
-             + f"{PLATEAU_GAIN:g}).", "", "## Power at the observed spread", "", *power_lines(family, scalars, staleness), "",
+             + f"{PLATEAU_GAIN:g}).", "", "## Power at the observed spread", "", *power_lines(family, cell, staleness), "",
              "What would decide each undecided test: its seeds' spread (from its interval), the smallest effect "
              "its seeds detect with 80% power (MDE), and the seeds 80% power needs at the observed effect, at "
              "Holm's last step (α 0.05) and at its first (α 0.05 over the family's size). Effects on the test's "
@@ -279,12 +276,13 @@ def report(args: argparse.Namespace) -> list[str]:
              "", "## The anchors on recompute's own batches (descriptive)", "",
              *recompute_batches_lines(df, configs, staleness)]
     if args.stress:
-        stress_scalars = load_s6([*args.stress, *args.logs])[2]
-        stress = stress_family(stress_scalars)
+        runs, stress_left_out = stress_runs(load_s6([*args.stress, *args.logs])[2])
+        stress, seeds = stress_family(runs), registered_seeds("s6_stress")
         lines += ["", "## Tier B: collapses (Fisher's exact, Holm over the cells)", "",
-                  f"Seeds {', '.join(map(str, STRESS_SEEDS))} in every cell (the cell lr 1e-05, 4 minibatches is "
-                  "tier A's runs of them). " + floor_line(stress), "", stress_table(stress), "",
-                  "Each cell's arms (descriptive; mean ± sd over runs):", "", stress_arm_table(stress_runs(stress_scalars))]
+                  f"Seeds {', '.join(map(str, seeds))} in every cell (the cell lr 1e-05, 4 minibatches is tier A's "
+                  "runs of them). " + left_out_line(len(runs), stress_left_out, 3 * len(seeds) * len(STRESS_CELLS))
+                  + " " + floor_line(stress), "", stress_table(stress), "",
+                  "Each cell's arms (descriptive; mean ± sd over runs):", "", stress_arm_table(runs)]
     return lines + ["", "## Figures", "", figures_markdown(arm_figures(df, staleness, args.figures_dir, "s6"), args.out.parent)]
 
 
