@@ -260,7 +260,8 @@ def report(args: argparse.Namespace) -> list[str]:
              "verdict rules); its deviations end this page.", "",
              "## Provenance", "", provenance(args.logs, cell, configs, skipped), "",
              provenance_table(cell, [("d", "staleness")]), "",
-             left_out_line(len(cell), left_out, 3 * len(registered_seeds("s6"))), "", "## Arms (mean ± sd over runs)", "", arm_table(cell, staleness), "",
+             left_out_line(len(cell), left_out, 3 * len(registered_seeds("s6"))), "",
+             "## Arms (mean ± sd over runs)", "", arm_table(cell, staleness), "",
              f"## The family: {len(family)} tests, Holm-adjusted", "",
              "Verdicts as registered: \"inconclusive\" and \"no difference shown\" never count as a claim holding; "
              "\"equivalent\" only from the TOST of R.", "", family_table(family), "",
