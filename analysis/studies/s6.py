@@ -103,9 +103,8 @@ def _cell(scalars: pd.DataFrame, staleness: int, lr: float, minibatches: int) ->
 
 
 def tier_runs(scalars: pd.DataFrame, staleness: int, seeds=None) -> tuple[pd.DataFrame, list[str]]:
-    """The registered stopping rule (`analysis.stopping`): the tier's ended runs (`TIER_CELL` at
-    `staleness`) of the seeds (`s6`'s by default) ended in all three arms, and the registered runs
-    left out."""
+    """The stopping rule (`analysis.stopping`) on the tier (`TIER_CELL` at `staleness`): its ended runs
+    of the seeds (`s6`'s by default) ended in all three arms, and the registered runs left out."""
     return seeds_ended_in_every_arm(_cell(scalars, staleness, *TIER_CELL), registered_seeds("s6") if seeds is None
                                     else seeds, (BASELINE, *ARMS))
 
@@ -252,7 +251,8 @@ def report(args: argparse.Namespace) -> list[str]:
     """The report's lines (markdown) from the parsed command line."""
     df, configs, scalars = load_s6(args.logs)
     staleness = args.staleness
-    cell, left_out = tier_runs(scalars, staleness)
+    seeds = registered_seeds("s6")
+    cell, left_out = tier_runs(scalars, staleness, seeds)
     skipped, df = df.attrs.get("skipped", ()), rows_of(df, cell)
     family, check = tier_family(cell, staleness), plateau(cell, staleness)
     lines = [f"# S6 at d = {staleness}: the claims on the words testbed", "",
@@ -260,7 +260,7 @@ def report(args: argparse.Namespace) -> list[str]:
              "verdict rules); its deviations end this page.", "",
              "## Provenance", "", provenance(args.logs, cell, configs, skipped), "",
              provenance_table(cell, [("d", "staleness")]), "",
-             left_out_line(len(cell), left_out, 3 * len(registered_seeds("s6"))), "",
+             left_out_line(len(cell), left_out, 3 * len(seeds)), "",
              "## Arms (mean ± sd over runs)", "", arm_table(cell, staleness), "",
              f"## The family: {len(family)} tests, Holm-adjusted", "",
              "Verdicts as registered: \"inconclusive\" and \"no difference shown\" never count as a claim holding; "
@@ -277,8 +277,9 @@ def report(args: argparse.Namespace) -> list[str]:
              "", "## The anchors on recompute's own batches (descriptive)", "",
              *recompute_batches_lines(df, configs, staleness)]
     if args.stress:
-        runs, stress_left_out = stress_runs(load_s6([*args.stress, *args.logs])[2])
-        stress, seeds = stress_family(runs), registered_seeds("s6_stress")
+        seeds = registered_seeds("s6_stress")
+        runs, stress_left_out = stress_runs(load_s6([*args.stress, *args.logs])[2], seeds=seeds)
+        stress = stress_family(runs)
         lines += ["", "## Tier B: collapses (Fisher's exact, Holm over the cells)", "",
                   f"Seeds {', '.join(map(str, seeds))} in every cell (the cell lr 1e-05, 4 minibatches is tier A's "
                   "runs of them). " + left_out_line(len(runs), stress_left_out, 3 * len(seeds) * len(STRESS_CELLS))
