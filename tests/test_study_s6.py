@@ -11,8 +11,8 @@ import pytest
 
 from analysis.family import FamilyTest, judge, judge_family, paired_values, run_test, what_would_decide
 from analysis.figures.arms import _anchor_effect, arm_figures, by_version, with_arms
-from analysis.studies.s6 import (collapsed, floor_line, load_s6, main, plateau, stress_arm_table, stress_family, stress_runs,
-                                tier_family, tier_runs)
+from analysis.collapses import cell_arm_table, collapse_family, floor_line
+from analysis.studies.s6 import ARMS, STRESS_COLUMNS, collapsed, load_s6, main, plateau, stress_runs, tier_family, tier_runs
 from test_report import dump_run
 
 SEEDS = (100, 101, 102, 103)  # four of S6's registered seeds (conf/experiment/s6.yaml)
@@ -153,7 +153,7 @@ def test_stress_collapses_by_fisher_with_holm(tmp_path):
     scalars = load_s6([root, _sweep(tmp_path / "base", seeds=(103, 104))])[2]  # a base cell with seeds 103, 104
     runs, left_out = stress_runs(scalars, seeds=SEEDS)
     assert len(left_out) == 3 * 3 + 3 * 4 * 2  # base cell: seeds 100-102 not started; (3e-5, 8), (1e-5, 8): none
-    stress = stress_family(runs)
+    stress = collapse_family(runs, ARMS)
     assert list(stress["lr"]) == [1e-5, 1e-5, 3e-5, 3e-5] and list(stress["arm_collapsed"])[:2] == ["0/1"] * 2
     assert stress["p_floor"].tolist() == pytest.approx([1, 1, 1 / 35, 1 / 35])  # 1 vs 1 run, 4 vs 4 runs
     assert floor_line(stress).startswith("At these counts the best case, a complete split, gives a raw p of 0.029 "
@@ -163,7 +163,7 @@ def test_stress_collapses_by_fisher_with_holm(tmp_path):
     assert list(stress["recompute_collapsed"]) == ["4/4", "4/4"] and list(stress["arm_collapsed"]) == ["0/4", "0/4"]
     assert stress["p"].tolist() == pytest.approx([1 / 35, 1 / 35])  # Fisher's exact, 4-0 against 0-4
     assert list(stress["verdict"]) == ["no difference shown"] * 2  # Holm: 2/35 (and 1) each, above 0.05
-    table = stress_arm_table(runs)
+    table = cell_arm_table(runs, ARMS, STRESS_COLUMNS)
     assert re.search(r"\| 3e-05 +\| 4 +\| recompute +\| +4 \| +4 \| +0.275 ± 0.0015 \|", table)  # evals 0.5, 0.05
     assert re.search(r"\| 1e-05 +\| 4 +\| recompute +\| +1 \| +0 \| +0.601 \|", table)  # one run: no spread
 

@@ -6,9 +6,10 @@
 Tier A (or C, `--staleness 2`): loglinear `inverse` and `step_start`, each against recompute,
 paired by seed, through `TESTS` (`analysis.family`: raw and Holm-adjusted verdicts over the
 tier's 30 tests), the plateau check on recompute's last two evals, and, with `--stress`, tier
-B's collapse counts by Fisher's exact test (Holm over its cells); the report in markdown:
-the family's raw and Holm-adjusted verdicts, per-arm means, the plateau check, the power at
-the observed spread, tier B's collapse table and the figures (analysis/figures/arms.py).
+B's collapse counts (`analysis.collapses`: Fisher's exact test, Holm over its cells); the
+report in markdown: the family's raw and Holm-adjusted verdicts, per-arm means, the plateau
+check, the power at the observed spread, tier B's collapse table and the figures
+(analysis/figures/arms.py).
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ import math
 
 import numpy as np
 import pandas as pd
-from scipy import stats as scipy_stats
 
 from analysis.anchor.clip_rates import recompute_batches_lines
 from analysis.claims.contrasts import deviations_flag, provenance_table, write_study_report
+from analysis.collapses import cell_arm_table, collapse_family, collapse_table, floor_line
 from analysis.family import FamilyTest, family_table, judge_family, paired_values, undecided_table
 from analysis.figures.arms import arm_figures
 from analysis.load import load_configs, load_runs
@@ -30,7 +31,6 @@ from analysis.outcomes import with_outcomes
 from analysis.power import minimum_detectable_effect, sd_from_interval, tost_seeds_needed
 from analysis.provenance import figures_markdown, generated_line, provenance
 from analysis.scalars import plateau_check, run_scalars
-from analysis.stats import fisher_floor, holm, holm_floor
 from analysis.stopping import left_out_line, registered_seeds, rows_of, seeds_ended_in_every_arm
 
 ARMS = ("inverse", "step_start")  # the loglinear schedules each compared with recompute
@@ -149,29 +149,6 @@ def stress_runs(scalars: pd.DataFrame, staleness: int = 8, seeds=None) -> tuple[
     return runs, left_out
 
 
-def stress_family(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per (lr, minibatches) cell of `stress_runs` and loglinear arm: collapse counts against
-    recompute, Fisher's exact two-sided p and its floor at these counts (`fisher_floor`), Holm
-    over every cell and arm."""
-    rows = []
-    for (lr, m), cell in runs.groupby(["lr", "n_minibatches"]):
-        base = cell[cell["arm"] == BASELINE]["collapsed"]
-        for arm in ARMS:
-            ours = cell[cell["arm"] == arm]["collapsed"]
-            table = [[int(base.sum()), int((~base).sum())], [int(ours.sum()), int((~ours).sum())]]
-            p = float(scipy_stats.fisher_exact(table)[1]) if len(base) and len(ours) else math.nan
-            rows.append({"lr": lr, "n_minibatches": m, "arm": arm, "recompute_collapsed": f"{table[0][0]}/{len(base)}",
-                         "arm_collapsed": f"{table[1][0]}/{len(ours)}", "p": p, "p_floor": fisher_floor(len(base), len(ours)),
-                         "more": "recompute" if table[0][0] / max(len(base), 1) > table[1][0] / max(len(ours), 1)
-                         else "loglinear"})
-    out = pd.DataFrame(rows)
-    if len(out):
-        out["p_holm"] = holm(list(out["p"]))
-        out["verdict"] = [f"{more} collapses more" if p < 0.05 else "no difference shown"
-                          for more, p in zip(out["more"], out["p_holm"])]
-    return out
-
-
 ARM_COLUMNS = ("last_evals_reward", "entropy", "clip_ratio", "iw_max", "total_ratio_max", "kl_k3", "cpu_time_s")
 PAPER_MARGIN = 0.02  # the paper's "within 2%", relative to recompute's reward
 
@@ -203,36 +180,7 @@ def power_lines(family: pd.DataFrame, scalars: pd.DataFrame, staleness: int) -> 
     return lines
 
 
-STRESS_COLUMNS = ("last_evals_reward", "iw_max", "total_ratio_max", "total_ratio_min")
-
-
-def stress_arm_table(runs: pd.DataFrame) -> str:
-    """Descriptive, per cell and arm: runs, collapses, and the mean ± sd of `STRESS_COLUMNS`."""
-    rows = []
-    for (lr, m), cell in runs.groupby(["lr", "n_minibatches"]):
-        for arm in (BASELINE, *ARMS):
-            ours = cell[cell["arm"] == arm]
-            rows.append([f"{lr:g}", m, arm, len(ours), int(ours["collapsed"].sum()),
-                         *(fmt_spread(ours[c]) for c in STRESS_COLUMNS)])
-    return markdown_table(["lr", "minibatches", "arm", "runs", "collapsed", *STRESS_COLUMNS], rows, numeric_from=3)
-
-
-def floor_line(stress: pd.DataFrame) -> str:
-    """What tier B can decide at its runs' counts: the best case's raw p and its Holm bound."""
-    if stress.empty:
-        return "No tier B runs of these seeds."
-    floor = holm_floor(list(stress["p_floor"]))
-    reading = ("no cell can be decided, whatever its runs do" if floor >= 0.05
-               else "\"no difference shown\" is weak evidence of none")
-    return (f"At these counts the best case, a complete split, gives a raw p of {fmt(stress['p_floor'].min(), 2)} "
-            f"and {fmt(floor, 2)} after Holm: {reading}.")
-
-
-def stress_table(stress: pd.DataFrame) -> str:
-    headers = ["lr", "minibatches", "arm", "recompute collapsed", "arm collapsed", "p", "p (Holm)", "**verdict**"]
-    rows = [[f"{r['lr']:g}", r["n_minibatches"], r["arm"], r["recompute_collapsed"], r["arm_collapsed"],
-             fmt(r["p"], 2), fmt(r["p_holm"], 2), f"**{r['verdict']}**"] for _, r in stress.iterrows()]
-    return markdown_table(headers, rows, numeric_from=len(headers))
+STRESS_COLUMNS = ("last_evals_reward", "iw_max", "total_ratio_max", "total_ratio_min")  # tier B, descriptive
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -279,12 +227,12 @@ def report(args: argparse.Namespace) -> list[str]:
     if args.stress:
         seeds = registered_seeds("s6_stress")
         runs, stress_left_out = stress_runs(load_s6([*args.stress, *args.logs])[2], seeds=seeds)
-        stress = stress_family(runs)
+        stress = collapse_family(runs, ARMS)
         lines += ["", "## Tier B: collapses (Fisher's exact, Holm over the cells)", "",
                   f"Seeds {', '.join(map(str, seeds))} in every cell (the cell lr 1e-05, 4 minibatches is tier A's "
                   "runs of them). " + left_out_line(len(runs), stress_left_out, 3 * len(seeds) * len(STRESS_CELLS))
-                  + " " + floor_line(stress), "", stress_table(stress), "",
-                  "Each cell's arms (descriptive; mean ± sd over runs):", "", stress_arm_table(runs)]
+                  + " " + floor_line(stress), "", collapse_table(stress), "",
+                  "Each cell's arms (descriptive; mean ± sd over runs):", "", cell_arm_table(runs, ARMS, STRESS_COLUMNS)]
     return lines + ["", "## Figures", "", figures_markdown(arm_figures(df, staleness, args.figures_dir, "s6"), args.out.parent)]
 
 
