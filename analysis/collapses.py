@@ -15,6 +15,7 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from analysis.markdown import fmt, fmt_spread, markdown_table
+from analysis.power import ALPHA
 from analysis.stats import fisher_floor, holm, holm_floor
 
 CELL = ["lr", "n_minibatches"]
@@ -38,7 +39,7 @@ def collapse_family(runs: pd.DataFrame, arms: Sequence[str]) -> pd.DataFrame:
     out = pd.DataFrame(rows)
     if len(out):
         out["p_holm"] = holm(list(out["p"]))
-        out["verdict"] = [f"{more} collapses more" if p < 0.05 else "no difference shown"
+        out["verdict"] = [f"{more} collapses more" if p < ALPHA else "no difference shown"
                           for more, p in zip(out["more"], out["p_holm"])]
     return out
 
@@ -46,9 +47,9 @@ def collapse_family(runs: pd.DataFrame, arms: Sequence[str]) -> pd.DataFrame:
 def floor_line(family: pd.DataFrame) -> str:
     """What the family can decide at its runs' counts: the best case's raw p and its Holm bound."""
     if family.empty:
-        return "No tier B runs of these seeds."
+        return "No runs of these seeds in any cell."
     floor = holm_floor(list(family["p_floor"]))
-    reading = ("no cell can be decided, whatever its runs do" if floor >= 0.05
+    reading = ("no cell can be decided, whatever its runs do" if floor >= ALPHA
                else "\"no difference shown\" is weak evidence of none")
     return (f"At these counts the best case, a complete split, gives a raw p of {fmt(family['p_floor'].min(), 2)} "
             f"and {fmt(floor, 2)} after Holm: {reading}.")

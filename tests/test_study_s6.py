@@ -9,9 +9,9 @@ import re
 import numpy as np
 import pytest
 
+from analysis.collapses import cell_arm_table, collapse_family, floor_line
 from analysis.family import FamilyTest, judge, judge_family, paired_values, run_test, what_would_decide
 from analysis.figures.arms import _anchor_effect, arm_figures, by_version, with_arms
-from analysis.collapses import cell_arm_table, collapse_family, floor_line
 from analysis.studies.s6 import ARMS, STRESS_COLUMNS, collapsed, load_s6, main, plateau, stress_runs, tier_family, tier_runs
 from test_report import dump_run
 
@@ -158,6 +158,7 @@ def test_stress_collapses_by_fisher_with_holm(tmp_path):
     assert stress["p_floor"].tolist() == pytest.approx([1, 1, 1 / 35, 1 / 35])  # 1 vs 1 run, 4 vs 4 runs
     assert floor_line(stress).startswith("At these counts the best case, a complete split, gives a raw p of 0.029 "
                                          "and 0.11 after Holm: no cell can be decided")  # 4 tests x 1/35
+    assert floor_line(collapse_family(runs.iloc[:0], ARMS)) == "No runs of these seeds in any cell."
     stress = stress[stress["lr"] == 3e-5]
     assert list(stress["arm"]) == ["inverse", "step_start"]
     assert list(stress["recompute_collapsed"]) == ["4/4", "4/4"] and list(stress["arm_collapsed"]) == ["0/4", "0/4"]
