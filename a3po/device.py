@@ -5,7 +5,9 @@ master weights, optimizer state and log-softmax; `fp32` is exact float32. `auto`
 where it is the faster of the two: a GPU with bf16 support; a CPU with AMX; a CPU with
 AVX512-BF16 that is not Intel's. On an Intel CPU with AVX512-BF16 but no AMX, MKL's AVX-512
 float32 GEMM outruns oneDNN's bf16 one, and on a CPU with neither oneDNN emulates bf16; `auto`
-picks fp32 there (measured in docs/benchmarks.md, "Precision").
+picks fp32 there (measured in docs/benchmarks.md, "Precision"). Where `bf16` is asked for on
+such a CPU anyway (a study registered in bf16), its linear layers multiply their bf16 operands
+in float32, the same arithmetic at float32's speed (`Bf16LinearInFloat32`).
 The trainer's forwards, the recompute forward, the HF engine's sampling, vLLM's dtype and the
 benchmark all follow the resolved value, so behaviour and current log-probs are computed alike.
 """
@@ -16,6 +18,7 @@ import contextlib
 import logging
 
 import torch
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
 from a3po.errors import ConfigError
 
@@ -91,7 +94,8 @@ def resolve_precision(name: str, device: torch.device, weights_dtype: str = "flo
     to it and another value is a ConfigError. A GPU without bf16 refuses `bf16`; a CPU without
     native bf16 runs it emulated, correct but slower, with a warning (useful to reproduce the
     paper's bf16 behaviour/current mismatch, never to save time); an Intel CPU with AVX512-BF16
-    but no AMX runs it natively, still slower than float32, with a warning."""
+    but no AMX runs it natively, still slower than float32, with a warning. On both, the linear
+    layers multiply in float32 (`Bf16LinearInFloat32`)."""
     if name not in PRECISIONS:
         raise ConfigError(f"{key}={name!r} is not allowed; allowed: {list(PRECISIONS)}")
     device = torch.device(device)
@@ -107,11 +111,14 @@ def resolve_precision(name: str, device: torch.device, weights_dtype: str = "flo
         if device.type == "cuda":
             raise ConfigError(f"{key}='bf16' is not allowed on this machine: {torch.cuda.get_device_name(device)} "
                               "has no bf16 support; allowed: fp32 or auto")
-        log.warning("%s=bf16 on a CPU without AVX512-BF16 or AMX: oneDNN emulates bf16, slower than "
-                    "fp32 here (docs/benchmarks.md, \"Precision\"); %s=auto picks fp32 on this machine", key, key)
+        log.warning("%s=bf16 on a CPU without AVX512-BF16 or AMX: oneDNN emulates bf16; its linear layers "
+                    "multiply their bf16 operands in float32 here (the same arithmetic, at fp32's speed), the rest "
+                    "is slower than fp32 (docs/benchmarks.md, \"Precision\"); %s=auto picks fp32 on this machine",
+                    key, key)
     elif name == "bf16" and not bf16_is_faster(device):
-        log.warning("%s=bf16 on an Intel CPU with AVX512-BF16 but no AMX: native, but slower than MKL's "
-                    "fp32 GEMM here (docs/benchmarks.md, \"Precision\"); %s=auto picks fp32 on this machine", key, key)
+        log.warning("%s=bf16 on an Intel CPU with AVX512-BF16 but no AMX: oneDNN's bf16 GEMM is slower than MKL's "
+                    "fp32 GEMM here, so its linear layers multiply their bf16 operands in float32 (the same "
+                    "arithmetic; docs/benchmarks.md, \"Precision\"); %s=auto picks fp32 on this machine", key, key)
     return name
 
 
@@ -125,8 +132,95 @@ def autocast_dtype(device: torch.device, model: torch.nn.Module, precision: str)
     return None
 
 
+def bf16_gemm_in_float32(device: torch.device) -> bool:
+    """Whether `precision=bf16`'s linear layers multiply in float32 on `device`: a CPU where bf16
+    is not the faster (`auto`'s rule), so oneDNN's bf16 GEMM (emulated, or AVX512-BF16 without
+    AMX) would run 2-4x slower than MKL's float32 one for the same arithmetic."""
+    device = torch.device(device)
+    return device.type == "cpu" and not bf16_is_faster(device)
+
+
+class Bf16LinearInFloat32(TorchFunctionMode):
+    """`F.linear` under bf16 autocast, as a float32 GEMM of bf16 operands: the input, weight and
+    bias rounded to bf16 (autocast's cast), multiplied in float32 (a product of two bf16 numbers
+    is exact in float32, and a bf16 GEMM accumulates in float32 too), the output rounded to bf16.
+    The arithmetic of a bf16 GEMM up to the order of the float32 sums, at float32's speed; the
+    backward runs through the same float32 GEMMs, its gradients rounded to bf16 at the casts.
+    A parameter's rounded copy is made once per scope (as autocast caches its casts) and again
+    when the parameter changes in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._rounded: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is not torch.nn.functional.linear:
+            return func(*args, **(kwargs or {}))
+        return self._linear(*args, **(kwargs or {}))
+
+    def _operand(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
+        if not isinstance(tensor, torch.nn.Parameter):  # an activation (or None): rounded where it is used
+            return None if tensor is None else tensor.to(torch.bfloat16).float()
+        held = self._rounded.get(id(tensor))
+        if held is None or held[0] is not tensor or held[1] != tensor._version:
+            held = (tensor, tensor._version, tensor.to(torch.bfloat16).float())
+            self._rounded[id(tensor)] = held
+        return held[2]
+
+    def _linear(self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        with torch.autocast(input.device.type, enabled=False):
+            output = _Float32Linear.apply(self._operand(input), self._operand(weight), self._operand(bias))
+        return output.to(torch.bfloat16)
+
+
+class _Float32Linear(torch.autograd.Function):
+    """`F.linear` of float32 operands whose backward GEMMs are float32 too. autograd's own would
+    be cast back to bf16 by the autocast scope a backward is called in (the trainer's minibatch
+    scope); `custom_bwd` runs this backward under the forward's autocast state, which is off."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu")
+    def forward(ctx, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(input, weight)
+        ctx.with_bias = bias is not None
+        return torch.nn.functional.linear(input, weight, bias)
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
+    def backward(ctx, grad: torch.Tensor):
+        input, weight = ctx.saved_tensors
+        rows = grad.reshape(-1, grad.shape[-1])
+        grad_input = grad @ weight if ctx.needs_input_grad[0] else None
+        grad_weight = rows.T @ input.reshape(-1, input.shape[-1]) if ctx.needs_input_grad[1] else None
+        grad_bias = rows.sum(0) if ctx.with_bias and ctx.needs_input_grad[2] else None
+        return grad_input, grad_weight, grad_bias
+
+
+def recompute_as_forward():
+    """`torch.utils.checkpoint`'s `context_fn` (activation checkpointing): a layer recomputed in
+    the backward multiplies as its forward did. A backward runs outside every torch function mode
+    (`Tensor.backward` is itself dispatched through the mode, which steps aside while it runs), so
+    the recomputation gets a `Bf16LinearInFloat32` of its own where the forward had one."""
+    in_float32 = any(isinstance(mode, Bf16LinearInFloat32) for mode in _get_current_function_mode_stack())
+    return contextlib.nullcontext(), (Bf16LinearInFloat32() if in_float32 else contextlib.nullcontext())
+
+
 def autocast(device: torch.device, dtype: torch.dtype | None):
-    """The autocast context for `autocast_dtype`'s answer on `device` (a no-op for None)."""
+    """The autocast context for `autocast_dtype`'s answer on `device` (a no-op for None); bf16 on
+    a CPU where bf16 is not the faster also multiplies its linear layers in float32
+    (`Bf16LinearInFloat32`)."""
     if dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast(torch.device(device).type, dtype=dtype)
+    device = torch.device(device)
+    if dtype != torch.bfloat16 or not bf16_gemm_in_float32(device):
+        return torch.autocast(device.type, dtype=dtype)
+    return _autocast_with_linear_in_float32(device.type)
+
+
+@contextlib.contextmanager
+def _autocast_with_linear_in_float32(device_type: str):
+    """A scope nested in another (the trainer's forward inside its minibatch scope) keeps the
+    outer one's mode, and its rounded weights: one mode, never one inside another."""
+    nested = any(isinstance(mode, Bf16LinearInFloat32) for mode in _get_current_function_mode_stack())
+    with torch.autocast(device_type, dtype=torch.bfloat16), (contextlib.nullcontext() if nested else Bf16LinearInFloat32()):
+        yield

@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from a3po.device import autocast_dtype, cpu_vendor, native_bf16, resolve_device, resolve_precision
+from torch.overrides import _get_current_function_mode_stack
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from a3po.device import (Bf16LinearInFloat32, autocast, autocast_dtype, bf16_gemm_in_float32, cpu_vendor, native_bf16,
+                         resolve_device, resolve_precision)
 from a3po.errors import ConfigError
 
 from conftest import TINY_OVERRIDES, compose_config
@@ -53,6 +57,7 @@ def test_precision_bf16_on_a_cpu_without_it_runs_emulated_with_a_warning(monkeyp
     with caplog.at_level("WARNING"):
         assert resolve_precision("bf16", torch.device("cpu")) == "bf16"
     assert "emulates bf16" in caplog.text and "precision=auto picks fp32" in caplog.text
+    assert "multiply their bf16 operands in float32" in caplog.text
 
 
 def test_precision_bf16_on_an_intel_cpu_without_amx_runs_natively_with_a_warning(monkeypatch, caplog):
@@ -60,7 +65,7 @@ def test_precision_bf16_on_an_intel_cpu_without_amx_runs_natively_with_a_warning
     with caplog.at_level("WARNING"):
         assert resolve_precision("bf16", torch.device("cpu")) == "bf16"
     assert "no AMX" in caplog.text and "slower than MKL's fp32 GEMM" in caplog.text
-    assert "emulates" not in caplog.text
+    assert "multiply their bf16 operands in float32" in caplog.text and "emulates" not in caplog.text
 
 
 def test_precision_bf16_where_it_is_the_faster_runs_without_a_warning(monkeypatch, caplog):
@@ -68,6 +73,107 @@ def test_precision_bf16_where_it_is_the_faster_runs_without_a_warning(monkeypatc
     with caplog.at_level("WARNING"):
         assert resolve_precision("bf16", torch.device("cpu")) == "bf16"
     assert caplog.text == ""
+
+
+def _bf16_ulps(value: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+    """|value - exact| in units of bf16's last place at `exact` (8 significant bits)."""
+    return (value.double() - exact).abs() / (exact.abs().clamp_min(1e-30).log2().floor() - 7).exp2()
+
+
+def _native_and_in_float32(layer: torch.nn.Linear, x: torch.Tensor):
+    """Output, input grad and weight grad of `layer(x)` under bf16 autocast, oneDNN's GEMM then
+    `Bf16LinearInFloat32`'s."""
+    results = []
+    for mode in (None, Bf16LinearInFloat32()):
+        x_leaf, layer.weight.grad = x.clone().requires_grad_(), None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if mode is None:
+                y = layer(x_leaf)
+            else:
+                with mode:
+                    y = layer(x_leaf)
+        y.float().square().sum().backward()
+        results.append((y.detach(), x_leaf.grad, layer.weight.grad.clone()))
+    return results
+
+
+def test_bf16_linear_in_float32_computes_a_bf16_gemm():
+    """Operands rounded to bf16, exact products summed in float32, the output rounded to bf16:
+    within one bf16 place of the exact product of the rounded operands, as oneDNN's bf16 GEMM is,
+    and equal to it but for the order of the float32 sums; the gradients too."""
+    torch.manual_seed(0)
+    layer, x = torch.nn.Linear(96, 160), torch.randn(48, 96)
+    (native, native_gx, native_gw), (ours, gx, gw) = _native_and_in_float32(layer, x)
+    assert ours.dtype == native.dtype == torch.bfloat16 and ours.shape == (48, 160)
+    exact = (x.bfloat16().double() @ layer.weight.detach().bfloat16().double().T
+             + layer.bias.detach().bfloat16().double())
+    assert _bf16_ulps(ours, exact).max() <= 1.0 and _bf16_ulps(native, exact).max() <= 1.0
+    assert (ours == native).float().mean() > 0.99
+    assert gx.dtype == gw.dtype == torch.float32  # back at the master weights' and input's dtype
+    assert torch.allclose(gx, native_gx, rtol=0, atol=2 ** -7 * native_gx.abs().max())
+    assert torch.allclose(gw, native_gw, rtol=0, atol=2 ** -7 * native_gw.abs().max())
+
+
+class _GemmDtypes(TorchDispatchMode):
+    """The operand dtypes of every aten GEMM run inside it, forward or backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, torch.dtype]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
+            self.seen.append((func.__name__, args[-1].dtype))
+        return func(*args, **(kwargs or {}))
+
+
+def test_bf16_linear_in_float32_backward_stays_float32_inside_nested_scopes(monkeypatch):
+    """A backward called inside the autocast scope (the trainer's minibatch scope, its forwards
+    in nested scopes) would have autocast cast autograd's GEMMs back to bf16: every GEMM, forward
+    and backward, is float32, and a nested scope adds no second mode."""
+    monkeypatch.setattr("a3po.device.bf16_gemm_in_float32", lambda device: True)
+    layer, x = torch.nn.Linear(8, 4, bias=False), torch.randn(2, 3, 8, requires_grad=True)
+    with autocast(torch.device("cpu"), torch.bfloat16):
+        with autocast(torch.device("cpu"), torch.bfloat16):
+            assert len(_get_current_function_mode_stack()) == 1
+            y = layer(x)
+        spy = _GemmDtypes()
+        with spy:
+            y.float().sum().backward()
+    assert y.dtype == torch.bfloat16 and x.grad.shape == x.shape and layer.weight.grad.shape == (4, 8)
+    assert spy.seen and {dtype for _, dtype in spy.seen} == {torch.float32}
+
+
+def test_bf16_linear_in_float32_rounds_a_parameter_once_and_again_when_it_changes():
+    layer, x = torch.nn.Linear(8, 4, bias=False), torch.randn(3, 8)
+    mode = Bf16LinearInFloat32()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), mode:
+        first = layer(x)
+        rounded = mode._rounded[id(layer.weight)][2]
+        assert layer(x).equal(first) and mode._rounded[id(layer.weight)][2] is rounded  # cached
+        layer.weight.mul_(2)  # an optimizer step changes the parameter in place
+        assert layer(x).equal((2 * first.float()).bfloat16())  # a power of two: exact
+        assert mode._rounded[id(layer.weight)][2] is not rounded
+        layer(torch.randn(3, 8))  # an activation is never held
+    assert list(mode._rounded) == [id(layer.weight)]
+
+
+@pytest.mark.parametrize("avx512_bf16, amx, vendor, in_float32", [
+    (False, False, "GenuineIntel", True),   # emulated bf16: 4x float32's time
+    (True, False, "GenuineIntel", True),    # AVX512-BF16 without AMX: slower than MKL's float32
+    (True, False, "AuthenticAMD", False),   # AMD EPYC: oneDNN's bf16 GEMM is the faster
+    (True, True, "GenuineIntel", False)])
+def test_autocast_multiplies_bf16_in_float32_exactly_where_bf16_is_not_the_faster(monkeypatch, avx512_bf16, amx,
+                                                                                   vendor, in_float32):
+    _cpu_bf16(monkeypatch, avx512_bf16, amx, vendor)
+    assert bf16_gemm_in_float32(torch.device("cpu")) is in_float32
+    with autocast(torch.device("cpu"), torch.bfloat16):
+        assert torch.is_autocast_enabled("cpu")
+        modes = _get_current_function_mode_stack()
+        assert [type(m) for m in modes] == ([Bf16LinearInFloat32] if in_float32 else [])
+    assert _get_current_function_mode_stack() == [] and not torch.is_autocast_enabled("cpu")
+    with autocast(torch.device("cpu"), None):
+        assert _get_current_function_mode_stack() == [] and not torch.is_autocast_enabled("cpu")
 
 
 def test_cpu_vendor_reads_the_vendor_line_and_is_empty_where_there_is_none(tmp_path):

@@ -84,6 +84,24 @@ def test_bf16_linear_copy_only_under_bf16_with_float32_weights(tiny_cfg):
     assert stored_bf16["weights"] == 2 * arch.n_params
 
 
+def test_bf16_gemms_in_float32_hold_float32_copies_and_operands(tiny_cfg):
+    """Where bf16's linear layers multiply in float32 (a3po.device.Bf16LinearInFloat32): the
+    training casts are float32 (4 B), the rollout holds rounded float32 copies while it samples,
+    and the saved activations are float32's; only under bf16 over float32 weights."""
+    arch, _ = architecture_of(tiny_cfg().model)
+    native = parts_of(estimate(tiny_cfg, "precision=bf16"))
+    in_float32 = parts_of(estimate(tiny_cfg, "precision=bf16", gemms_in_float32=(True, True)))
+    assert in_float32["training autocast weight casts"] == 4 * arch.linear_params
+    assert in_float32["rollout linear weights rounded, in float32"] == 4 * arch.linear_params
+    assert "rollout linear weights rounded, in float32" not in native
+    assert in_float32["training activations"] > native["training activations"]
+    fp32 = parts_of(estimate(tiny_cfg, gemms_in_float32=(True, True)))
+    assert fp32 == parts_of(estimate(tiny_cfg))  # fp32 has no bf16 GEMM to move
+    rollout_only = parts_of(estimate(tiny_cfg, "precision=bf16", gemms_in_float32=(False, True)))
+    assert rollout_only["training autocast weight casts"] == 2 * arch.linear_params
+    assert rollout_only["rollout linear weights rounded, in float32"] == 4 * arch.linear_params
+
+
 def test_rollout_weight_copies(tiny_cfg):
     arch, _ = architecture_of(tiny_cfg().model)
     lagged = parts_of(estimate(tiny_cfg))

@@ -77,3 +77,28 @@ def test_a_resumed_invocation_logs_its_own_warm_up(tiny_cfg):
     run(tiny_cfg("train.total_steps=3"))
     records = read_metrics(run_dir_of(first) / "metrics.jsonl")
     assert [("time/warmup" in r) for r in records] == [True, True, False]
+
+
+def test_bf16_with_its_linear_layers_in_float32_trains_as_onednns_bf16(tiny_cfg, monkeypatch):
+    """The same bf16 run, its linear layers multiplied by oneDNN's bf16 GEMM and in float32
+    (`Bf16LinearInFloat32`, what a CPU where bf16 is not the faster runs): the trainer, the
+    recompute forward and the sampler all pass through it, and the first step's figures agree
+    up to the order of float32 sums."""
+    from a3po import device
+
+    calls = []
+    in_float32 = device.Bf16LinearInFloat32._linear
+    monkeypatch.setattr(device.Bf16LinearInFloat32, "_linear",
+                        lambda self, *a, **k: calls.append(1) or in_float32(self, *a, **k))
+    base = ("precision=bf16", "train.total_steps=1", "train.eval_every=0", "staleness=0", "algo=recompute")
+    records = {}
+    for name, rule in (("onednn", False), ("float32", True)):
+        monkeypatch.setattr(device, "bf16_gemm_in_float32", lambda _device, rule=rule: rule)
+        cfg = tiny_cfg(*base, f"experiment_name={name}")
+        run(cfg)
+        records[name] = read_metrics(run_dir_of(cfg) / "metrics.jsonl")[0]
+        assert bool(calls) is rule
+    onednn, float32 = records["onednn"], records["float32"]
+    assert float32["actor/entropy"] == pytest.approx(onednn["actor/entropy"], rel=1e-2)
+    assert float32["response/length_mean"] == onednn["response/length_mean"]
+    assert abs(float32["actor/behave_weight/max"] - 1) < 0.1

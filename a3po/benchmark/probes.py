@@ -14,6 +14,7 @@ import torch
 
 from a3po.benchmark.harness import TrafficCounter, Variant
 from a3po.benchmark.workload import Workload
+from a3po.device import autocast, bf16_gemm_in_float32
 from a3po.learner.trainer import Trainer
 from a3po.learner.update import all_finite, check_update, make_optimizer
 from a3po.maths.logprobs import token_logprobs, token_logprobs_and_entropy
@@ -122,16 +123,25 @@ def compute_dtype(w: Workload) -> torch.dtype:
 
 
 def matmul_peak_variant(w: Workload) -> Variant:
-    """The device's achievable matmul rate in the run's compute dtype: a GEMM of the model's
-    own MLP shape (tokens x hidden @ hidden x intermediate) at a few thousand rows. MFU is
-    given against this measured peak, beside the nominal one where it is known."""
+    """The device's achievable matmul rate in the run's compute dtype, as the run's linear layers
+    compute it (`a3po.device.autocast`: on a CPU where bf16 is not the faster, bf16 operands
+    multiplied in float32): a linear layer of the model's own MLP shape (tokens x hidden @
+    hidden x intermediate) at a few thousand rows. MFU is given against this measured peak,
+    beside the nominal one where it is known."""
     rows, hidden, inner = 2048, int(w.policy.config.hidden_size), int(w.policy.config.intermediate_size)
     dtype, generator = compute_dtype(w), torch.Generator(device=w.device).manual_seed(w.cfg.seed + 37)
     a = torch.randn(rows, hidden, device=w.device, generator=generator).to(dtype)
-    b = torch.randn(hidden, inner, device=w.device, generator=generator).to(dtype)
+    weight = torch.nn.Parameter(torch.randn(inner, hidden, device=w.device, generator=generator).to(dtype),
+                                requires_grad=False)  # a parameter, as the layers' weights are
+
+    def linear() -> torch.Tensor:
+        with autocast(w.device, w.reference.autocast_dtype):
+            return torch.nn.functional.linear(a, weight)
+
     name = str(dtype).removeprefix("torch.")
-    return Variant(f"kernel/matmul_{name}", "kernel", lambda: a @ b, blocked=True,
-                   info={"flops": 2 * rows * hidden * inner, "shape": [rows, hidden, inner], "dtype": name})
+    gemm = "float32" if dtype == torch.bfloat16 and bf16_gemm_in_float32(w.device) else name
+    return Variant(f"kernel/matmul_{name}", "kernel", linear, blocked=True,
+                   info={"flops": 2 * rows * hidden * inner, "shape": [rows, hidden, inner], "dtype": name, "gemm": gemm})
 
 
 def logprob_variants(w: Workload) -> list[Variant]:

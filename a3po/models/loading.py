@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from a3po.device import recompute_as_forward
 from a3po.errors import ConfigError
 
 __all__ = ["DTYPES", "ATTN_IMPLEMENTATION", "ATTN_IMPLEMENTATIONS", "attn_implementation", "dtype_kwargs",
@@ -68,7 +69,8 @@ def enable_activation_checkpointing(model) -> None:
     transformers' per-layer checkpointing with torch's non-reentrant checkpoint, which composes with
     FSDP2 and autocast. Call it before the layers are sharded. Training forwards only: the layers
     checkpoint in train mode, and rollout and recompute run without gradients."""
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False,
+                                                                     "context_fn": recompute_as_forward})
     model.config.use_cache = False
 
 

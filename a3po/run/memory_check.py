@@ -244,25 +244,25 @@ def _device_name(device) -> str:
 
 
 def estimate_run(cfg: Any, arch: Architecture, trainer_device: Any, world: int = 1) -> Estimate:
-    """`estimate_memory` for `cfg` on this machine: the task's longest prompt, where the rollout
-    runs (a3po.run.parts.rollout_device), a vLLM GPU's size, the model's attention
-    (`model.attn_implementation`: eager keeps each head's seq x seq probabilities)."""
+    """`estimate_memory` for `cfg` on this machine: the task's longest prompt, where the rollout runs
+    (a3po.run.parts.rollout_device), a vLLM GPU's size, the model's attention (`model.attn_implementation`:
+    eager keeps each head's seq x seq probabilities), where bf16's GEMMs run in float32."""
     import torch
 
     from a3po.allocator import MMAP_THRESHOLD
+    from a3po.device import bf16_gemm_in_float32
     from a3po.models.loading import attn_implementation
     from a3po.run.parts import rollout_device
 
-    prompt, _ = longest_prompt_tokens(cfg.task, cfg.model)
     trainer = torch.device(trainer_device)
     on_rollout = rollout_device(cfg, trainer)
-    device_total = None
-    if on_rollout.type == "cuda" and cfg.rollout.name == "vllm":
-        device_total = torch.cuda.get_device_properties(on_rollout).total_memory
-    return estimate_memory(cfg, arch, prompt_tokens=prompt, trainer_device=_device_name(trainer),
-                           rollout_device=_device_name(on_rollout), world=world, device_total=device_total,
-                           eager_attention=attn_implementation(cfg.model) == "eager",
-                           mmap_threshold=MMAP_THRESHOLD)  # glibc's, as the run sets it (a3po.allocator)
+    vllm_gpu = on_rollout.type == "cuda" and cfg.rollout.name == "vllm"
+    device_total = torch.cuda.get_device_properties(on_rollout).total_memory if vllm_gpu else None
+    return estimate_memory(cfg, arch, prompt_tokens=longest_prompt_tokens(cfg.task, cfg.model)[0],
+                           trainer_device=_device_name(trainer), rollout_device=_device_name(on_rollout), world=world,
+                           device_total=device_total, eager_attention=attn_implementation(cfg.model) == "eager",
+                           mmap_threshold=MMAP_THRESHOLD,  # glibc's, as the run sets it (a3po.allocator)
+                           gemms_in_float32=(bf16_gemm_in_float32(trainer), bf16_gemm_in_float32(on_rollout)))
 
 
 def check_memory(cfg: Any, trainer_device: Any, world: int = 1, is_main: bool = True) -> Estimate | None:

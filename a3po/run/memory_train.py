@@ -45,7 +45,11 @@ class TrainShape:
     `model.attn_implementation`, torchrun's world, `train.fsdp_mixed_precision`)."""
 
     def __init__(self, *, rows: int, sequence: int, response: int, compute: int, cast_bf16: bool, eager: bool,
-                 checkpointing: bool = False, world: int = 1, fsdp_mixed: bool = False, weight_bytes: int = 4) -> None:
+                 checkpointing: bool = False, world: int = 1, fsdp_mixed: bool = False, weight_bytes: int = 4,
+                 linear_in_float32: bool = False) -> None:
+        # bf16 GEMMs in float32 (a3po.device.Bf16LinearInFloat32) keep float32 operands for backward
+        self.linear_in_float32 = linear_in_float32 and cast_bf16
+        compute = 4 if self.linear_in_float32 else compute
         self.rows, self.sequence, self.response, self.compute = rows, sequence, response, compute
         self.cast_bf16, self.eager, self.checkpointing = cast_bf16, eager, checkpointing
         self.world, self.fsdp_mixed, self.weight_bytes = world, fsdp_mixed and world > 1, weight_bytes
@@ -116,8 +120,9 @@ def train_parts(arch: Architecture, shape: TrainShape, device: str) -> list[Part
              f"{chunk} rows x {LOGITS_CHUNK_BYTES} B", tensor=response_rows * arch.vocab_size * shape.compute),
     ]
     if shape.cast_bf16 and not shape.fsdp_mixed:
-        parts.append(Part("training autocast weight casts", arch.linear_params * 2, ("precision", "model.dtype", "model"),
-                          "train", "", f"{arch.linear_params:,} linear params x 2 B", tensor=layer_tensor(arch, 2)))
+        cast = 4 if shape.linear_in_float32 else 2  # rounded to bf16, held in float32 where the GEMMs run in it
+        parts.append(Part("training autocast weight casts", arch.linear_params * cast, ("precision", "model.dtype", "model"),
+                          "train", "", f"{arch.linear_params:,} linear params x {cast} B", tensor=layer_tensor(arch, cast)))
     if shape.world > 1:
         parts.append(_fsdp_working_set(arch, shape))
     return [Part(p.name, p.nbytes, p.keys, p.phase, device, p.formula, p.tensor) for p in parts]
