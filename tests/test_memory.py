@@ -95,6 +95,7 @@ def test_bf16_gemms_in_float32_hold_float32_copies_and_operands(tiny_cfg):
     assert in_float32["rollout linear weights rounded, in float32"] == 4 * arch.linear_params
     assert "rollout linear weights rounded, in float32" not in native
     assert in_float32["training activations"] > native["training activations"]
+    assert in_float32["training response logits"] == native["training response logits"]  # still bf16 logits
     fp32 = parts_of(estimate(tiny_cfg, gemms_in_float32=(True, True)))
     assert fp32 == parts_of(estimate(tiny_cfg))  # fp32 has no bf16 GEMM to move
     rollout_only = parts_of(estimate(tiny_cfg, "precision=bf16", gemms_in_float32=(False, True)))

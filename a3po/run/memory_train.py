@@ -49,7 +49,7 @@ class TrainShape:
                  linear_in_float32: bool = False) -> None:
         # bf16 GEMMs in float32 (a3po.device.Bf16LinearInFloat32) keep float32 operands for backward
         self.linear_in_float32 = linear_in_float32 and cast_bf16
-        compute = 4 if self.linear_in_float32 else compute
+        self.saved = 4 if self.linear_in_float32 else compute  # the saved activations' bytes
         self.rows, self.sequence, self.response, self.compute = rows, sequence, response, compute
         self.cast_bf16, self.eager, self.checkpointing = cast_bf16, eager, checkpointing
         self.world, self.fsdp_mixed, self.weight_bytes = world, fsdp_mixed and world > 1, weight_bytes
@@ -68,13 +68,13 @@ class TrainShape:
 def _activations(arch: Architecture, shape: TrainShape) -> Part:
     """The layers' saved activations (eager attention's probabilities included); checkpointed,
     each layer's input and one layer's activations while backward runs it again."""
-    per_h, per_i, per_attention = ACTIVATION_BYTES[shape.compute]
+    per_h, per_i, per_attention = ACTIVATION_BYTES[shape.saved]
     rows, sequence, tokens, layers = shape.rows, shape.sequence, shape.tokens, arch.num_hidden_layers
     per_token_layer = per_h * arch.hidden_size + per_i * arch.intermediate_size
     attention = rows * arch.num_attention_heads * sequence * sequence * per_attention if shape.eager else 0
     one_layer = tokens * per_token_layer + attention
     outside = tokens * ACTIVATION_OUTSIDE_LAYERS * arch.hidden_size
-    largest = max(tokens * arch.intermediate_size * shape.compute, tokens * arch.hidden_size * 4,
+    largest = max(tokens * arch.intermediate_size * shape.saved, tokens * arch.hidden_size * 4,
                   rows * arch.num_attention_heads * sequence * sequence * 4 if shape.eager else 0)
     layer_formula = (f"{tokens} tokens ({rows} rows x {sequence}) x ({per_h} x {arch.hidden_size} + {per_i} x "
                      f"{arch.intermediate_size}) B"
