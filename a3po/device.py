@@ -146,8 +146,9 @@ class Bf16LinearInFloat32(TorchFunctionMode):
     is exact in float32, and a bf16 GEMM accumulates in float32 too), the output rounded to bf16.
     The arithmetic of a bf16 GEMM up to the order of the float32 sums, at float32's speed; the
     backward runs through the same float32 GEMMs, its gradients rounded to bf16 at the casts.
-    A parameter's rounded copy is made once per scope (as autocast caches its casts) and again
-    when the parameter changes in place."""
+    Where no gradient is taken (the rollout's decode, the recompute forward) a parameter's rounded
+    copy is made once per scope and again when the parameter changes in place; under grad, at
+    each use."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -159,7 +160,10 @@ class Bf16LinearInFloat32(TorchFunctionMode):
         return self._linear(*args, **(kwargs or {}))
 
     def _operand(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
-        if not isinstance(tensor, torch.nn.Parameter):  # an activation (or None): rounded where it is used
+        # an activation (or None), or any operand under grad, is rounded where it is used: two
+        # backwards (micro-batches) must not share a piece of graph, whose saved tensors a compiled
+        # layer's backward frees after the first
+        if not isinstance(tensor, torch.nn.Parameter) or torch.is_grad_enabled():
             return None if tensor is None else tensor.to(torch.bfloat16).float()
         held = self._rounded.get(id(tensor))
         if held is None or held[0] is not tensor or held[1] != tensor._version:

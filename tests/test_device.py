@@ -156,6 +156,11 @@ def test_bf16_linear_in_float32_rounds_a_parameter_once_and_again_when_it_change
         assert mode._rounded[id(layer.weight)][2] is not rounded
         layer(torch.randn(3, 8))  # an activation is never held
     assert list(mode._rounded) == [id(layer.weight)]
+    under_grad = Bf16LinearInFloat32()
+    with torch.autocast("cpu", dtype=torch.bfloat16), under_grad:
+        layer(x).float().sum().backward()
+        layer(x).float().sum().backward()  # a second micro-batch: a graph of its own (torch.compile frees the first's)
+    assert under_grad._rounded == {} and layer.weight.grad is not None
 
 
 @pytest.mark.parametrize("avx512_bf16, amx, vendor, in_float32", [
