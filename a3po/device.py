@@ -135,7 +135,7 @@ def autocast_dtype(device: torch.device, model: torch.nn.Module, precision: str)
 def bf16_gemm_in_float32(device: torch.device) -> bool:
     """Whether `precision=bf16`'s linear layers multiply in float32 on `device`: a CPU where bf16
     is not the faster (`auto`'s rule), so oneDNN's bf16 GEMM (emulated, or AVX512-BF16 without
-    AMX) would run 2-4x slower than MKL's float32 one for the same arithmetic."""
+    AMX) would run slower than MKL's float32 one for the same arithmetic (docs/benchmarks.md)."""
     device = torch.device(device)
     return device.type == "cpu" and not bf16_is_faster(device)
 
@@ -205,8 +205,12 @@ def recompute_as_forward():
     the backward multiplies as its forward did. A backward runs outside every torch function mode
     (`Tensor.backward` is itself dispatched through the mode, which steps aside while it runs), so
     the recomputation gets a `Bf16LinearInFloat32` of its own where the forward had one."""
-    in_float32 = any(isinstance(mode, Bf16LinearInFloat32) for mode in _get_current_function_mode_stack())
-    return contextlib.nullcontext(), (Bf16LinearInFloat32() if in_float32 else contextlib.nullcontext())
+    return contextlib.nullcontext(), (Bf16LinearInFloat32() if _in_float32_mode() else contextlib.nullcontext())
+
+
+def _in_float32_mode() -> bool:
+    """Whether a `Bf16LinearInFloat32` is active on this thread."""
+    return any(isinstance(mode, Bf16LinearInFloat32) for mode in _get_current_function_mode_stack())
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):
@@ -225,6 +229,6 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
 def _autocast_with_linear_in_float32(device_type: str):
     """A scope nested in another (the trainer's forward inside its minibatch scope) keeps the
     outer one's mode, and its rounded weights: one mode, never one inside another."""
-    nested = any(isinstance(mode, Bf16LinearInFloat32) for mode in _get_current_function_mode_stack())
+    nested = _in_float32_mode()
     with torch.autocast(device_type, dtype=torch.bfloat16), (contextlib.nullcontext() if nested else Bf16LinearInFloat32()):
         yield
