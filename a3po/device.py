@@ -18,6 +18,7 @@ import contextlib
 import logging
 
 import torch
+import torch.utils.checkpoint
 from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
 from a3po.errors import ConfigError
@@ -200,11 +201,21 @@ class _Float32Linear(torch.autograd.Function):
         return grad_input, grad_weight, grad_bias
 
 
-def recompute_as_forward():
-    """`torch.utils.checkpoint`'s `context_fn` (activation checkpointing): a layer recomputed in
-    the backward multiplies as its forward did. A backward runs outside every torch function mode
-    (`Tensor.backward` is itself dispatched through the mode, which steps aside while it runs), so
-    the recomputation gets a `Bf16LinearInFloat32` of its own where the forward had one."""
+def checkpoint_as_forward(function, *args, **kwargs):
+    """torch's non-reentrant activation checkpoint, whose recomputation multiplies as the forward
+    did. Eager, a backward runs outside every torch function mode (`Tensor.backward` is itself
+    dispatched through the mode, which steps aside while it runs), so the recomputation gets a
+    `Bf16LinearInFloat32` of its own where the forward had one (the `context_fn`). Under
+    torch.compile, which takes only dispatch modes as a `context_fn`, the mode is traced into the
+    layer's graph and the recompute replays that graph; a layer dynamo leaves eager takes the
+    first branch."""
+    if torch.compiler.is_compiling():
+        return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)
+    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, context_fn=_recompute_context,
+                                             **kwargs)
+
+
+def _recompute_context():
     return contextlib.nullcontext(), (Bf16LinearInFloat32() if _in_float32_mode() else contextlib.nullcontext())
 
 

@@ -39,10 +39,17 @@ def _step(tiny_cfg, precision, compile_, *overrides):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision,tolerance,overrides", [("fp32", 1e-5, ()), ("bf16", 2e-2, ()),
-                                                           ("fp32", 1e-5, ("train.activation_checkpointing=true",))])
-def test_compiled_step_equals_eager_within_rounding(tiny_cfg, monkeypatch, precision, tolerance, overrides):
+@pytest.mark.parametrize("precision,tolerance,overrides,gemm32", [
+    ("fp32", 1e-5, (), False), ("bf16", 2e-2, (), False), ("bf16", 2e-2, (), True),
+    ("fp32", 1e-5, ("train.activation_checkpointing=true",), False),
+    ("bf16", 2e-2, ("train.activation_checkpointing=true",), True)])
+def test_compiled_step_equals_eager_within_rounding(tiny_cfg, monkeypatch, precision, tolerance, overrides, gemm32):
+    """`gemm32`: bf16's linear layers as float32 GEMMs (`Bf16LinearInFloat32`), else oneDNN's bf16
+    path, whatever this machine's CPU."""
     monkeypatch.setattr("torch.cpu._is_avx512_bf16_supported", lambda: True)
+    monkeypatch.setattr("a3po.device.bf16_is_faster", lambda device: not gemm32)
+    from a3po.device import bf16_gemm_in_float32
+    assert bf16_gemm_in_float32(torch.device("cpu")) is gemm32
     _, eager_logp, eager_metrics, eager_weights, _ = _step(tiny_cfg, precision, False, *overrides)
     trainer, logp, metrics, weights, engine = _step(tiny_cfg, precision, True, *overrides)
     assert trainer._compiled is not None

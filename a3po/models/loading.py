@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from a3po.device import recompute_as_forward
+from a3po.device import checkpoint_as_forward
 from a3po.errors import ConfigError
 
 __all__ = ["DTYPES", "ATTN_IMPLEMENTATION", "ATTN_IMPLEMENTATIONS", "attn_implementation", "dtype_kwargs",
@@ -68,9 +68,12 @@ def enable_activation_checkpointing(model) -> None:
     """Each decoder layer keeps only its input and runs again in backward (`train.activation_checkpointing`):
     transformers' per-layer checkpointing with torch's non-reentrant checkpoint, which composes with
     FSDP2 and autocast. Call it before the layers are sharded. Training forwards only: the layers
-    checkpoint in train mode, and rollout and recompute run without gradients."""
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False,
-                                                                     "context_fn": recompute_as_forward})
+    checkpoint in train mode, and rollout and recompute run without gradients. Each layer calls
+    `checkpoint_as_forward`, so its recompute multiplies as its forward did, eager or compiled."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for module in model.modules():
+        if getattr(module, "gradient_checkpointing", False):
+            module._gradient_checkpointing_func = checkpoint_as_forward
     model.config.use_cache = False
 
 
