@@ -6,8 +6,9 @@ where it is the faster of the two: a GPU with bf16 support; a CPU with AMX; a CP
 AVX512-BF16 that is not Intel's. On an Intel CPU with AVX512-BF16 but no AMX, MKL's AVX-512
 float32 GEMM outruns oneDNN's bf16 one, and on a CPU with neither oneDNN emulates bf16; `auto`
 picks fp32 there (measured in docs/benchmarks.md, "Precision"). Where `bf16` is asked for on
-such a CPU anyway (a study registered in bf16), its linear layers multiply their bf16 operands
-in float32, the same arithmetic at float32's speed (`Bf16LinearInFloat32`).
+such a CPU anyway (a study registered in bf16), its GEMMs (linear layers, attention's products)
+multiply their bf16 operands in float32, the same arithmetic at float32's speed
+(`Bf16GemmsInFloat32`).
 The trainer's forwards, the recompute forward, the HF engine's sampling, vLLM's dtype and the
 benchmark all follow the resolved value, so behaviour and current log-probs are computed alike.
 """
@@ -95,8 +96,8 @@ def resolve_precision(name: str, device: torch.device, weights_dtype: str = "flo
     to it and another value is a ConfigError. A GPU without bf16 refuses `bf16`; a CPU without
     native bf16 runs it emulated, correct but slower, with a warning (useful to reproduce the
     paper's bf16 behaviour/current mismatch, never to save time); an Intel CPU with AVX512-BF16
-    but no AMX runs it natively, still slower than float32, with a warning. On both, the linear
-    layers multiply in float32 (`Bf16LinearInFloat32`)."""
+    but no AMX runs it natively, still slower than float32, with a warning. On both, the GEMMs
+    (linear layers, attention's products) multiply in float32 (`Bf16GemmsInFloat32`)."""
     if name not in PRECISIONS:
         raise ConfigError(f"{key}={name!r} is not allowed; allowed: {list(PRECISIONS)}")
     device = torch.device(device)
@@ -112,13 +113,13 @@ def resolve_precision(name: str, device: torch.device, weights_dtype: str = "flo
         if device.type == "cuda":
             raise ConfigError(f"{key}='bf16' is not allowed on this machine: {torch.cuda.get_device_name(device)} "
                               "has no bf16 support; allowed: fp32 or auto")
-        log.warning("%s=bf16 on a CPU without AVX512-BF16 or AMX: oneDNN emulates bf16; its linear layers "
-                    "multiply their bf16 operands in float32 here (the same arithmetic, at fp32's speed), the rest "
+        log.warning("%s=bf16 on a CPU without AVX512-BF16 or AMX: oneDNN emulates bf16; its GEMMs (linear "
+                    "layers, attention) multiply their bf16 operands in float32 here (the same arithmetic, at fp32's speed), the rest "
                     "is slower than fp32 (docs/benchmarks.md, \"Precision\"); %s=auto picks fp32 on this machine",
                     key, key)
     elif name == "bf16" and not bf16_is_faster(device):
         log.warning("%s=bf16 on an Intel CPU with AVX512-BF16 but no AMX: oneDNN's bf16 GEMM is slower than MKL's "
-                    "fp32 GEMM here, so its linear layers multiply their bf16 operands in float32 (the same "
+                    "fp32 GEMM here, so its GEMMs (linear layers, attention) multiply their bf16 operands in float32 (the same "
                     "arithmetic; docs/benchmarks.md, \"Precision\"); %s=auto picks fp32 on this machine", key, key)
     return name
 
@@ -134,19 +135,21 @@ def autocast_dtype(device: torch.device, model: torch.nn.Module, precision: str)
 
 
 def bf16_gemm_in_float32(device: torch.device) -> bool:
-    """Whether `precision=bf16`'s linear layers multiply in float32 on `device`: a CPU where bf16
+    """Whether `precision=bf16`'s GEMMs multiply in float32 on `device`: a CPU where bf16
     is not the faster (`auto`'s rule), so oneDNN's bf16 GEMM (emulated, or AVX512-BF16 without
     AMX) would run slower than MKL's float32 one for the same arithmetic (docs/benchmarks.md)."""
     device = torch.device(device)
     return device.type == "cpu" and not bf16_is_faster(device)
 
 
-class Bf16LinearInFloat32(TorchFunctionMode):
-    """`F.linear` under bf16 autocast, as a float32 GEMM of bf16 operands: the input, weight and
-    bias rounded to bf16 (autocast's cast), multiplied in float32 (a product of two bf16 numbers
-    is exact in float32, and a bf16 GEMM accumulates in float32 too), the output rounded to bf16.
-    The arithmetic of a bf16 GEMM up to the order of the float32 sums, at float32's speed; the
-    backward runs through the same float32 GEMMs, its gradients rounded to bf16 at the casts.
+class Bf16GemmsInFloat32(TorchFunctionMode):
+    """bf16 autocast's GEMMs as float32 GEMMs of bf16 operands: `F.linear` (the linear layers)
+    and `torch.matmul` (eager attention's two products), each operand rounded to bf16 (autocast's
+    cast), multiplied in float32 (a product of two bf16 numbers is exact in float32, and a bf16
+    GEMM accumulates in float32 too), the output rounded to bf16. The arithmetic of a bf16 GEMM
+    up to the order of the float32 sums, at float32's speed; the backward runs through the same
+    float32 GEMMs, its gradients rounded to bf16 at the casts. Where autocast is off (a region
+    that turns it off) or an operand is not floating point, the call passes through as it is.
     Where no gradient is taken (the rollout's decode, the recompute forward) a parameter's rounded
     copy is made once per scope and again when the parameter changes in place; under grad, at
     each use."""
@@ -156,9 +159,12 @@ class Bf16LinearInFloat32(TorchFunctionMode):
         self._rounded: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func is not torch.nn.functional.linear:
-            return func(*args, **(kwargs or {}))
-        return self._linear(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        if func in _MATMULS and not kwargs and _batched_pair(*args):
+            return self._matmul(*args)
+        if func is torch.nn.functional.linear and _bf16_autocast(args[0] if args else kwargs.get("input")):
+            return self._linear(*args, **kwargs)
+        return func(*args, **kwargs)
 
     def _operand(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
         # an activation (or None), or any operand under grad, is rounded where it is used: two
@@ -176,6 +182,28 @@ class Bf16LinearInFloat32(TorchFunctionMode):
         with torch.autocast(input.device.type, enabled=False):
             output = _Float32Linear.apply(self._operand(input), self._operand(weight), self._operand(bias))
         return output.to(torch.bfloat16)
+
+    def _matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(a.device.type, enabled=False):
+            output = _Float32Matmul.apply(self._operand(a), self._operand(b))
+        return output.to(torch.bfloat16)
+
+
+_MATMULS = (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm)
+
+
+def _bf16_autocast(tensor) -> bool:
+    """Whether autocast would cast a GEMM on `tensor` to bf16 here."""
+    return (isinstance(tensor, torch.Tensor) and tensor.is_floating_point()
+            and torch.is_autocast_enabled(tensor.device.type)
+            and torch.get_autocast_dtype(tensor.device.type) == torch.bfloat16)
+
+
+def _batched_pair(*args) -> bool:
+    """Two operands of one batch shape (attention's [batch, heads, rows, cols] products) under
+    bf16 autocast; a broadcast, a vector, or anything else passes through."""
+    return (len(args) == 2 and all(_bf16_autocast(t) for t in args) and args[0].dim() == args[1].dim() >= 2
+            and args[0].shape[:-2] == args[1].shape[:-2])
 
 
 class _Float32Linear(torch.autograd.Function):
@@ -201,11 +229,30 @@ class _Float32Linear(torch.autograd.Function):
         return grad_input, grad_weight, grad_bias
 
 
+class _Float32Matmul(torch.autograd.Function):
+    """`torch.matmul` of float32 operands of one batch shape, its backward GEMMs float32 too (as
+    `_Float32Linear`'s)."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu")
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(a, b)
+        return torch.matmul(a, b)
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
+    def backward(ctx, grad: torch.Tensor):
+        a, b = ctx.saved_tensors
+        grad_a = torch.matmul(grad, b.transpose(-2, -1)) if ctx.needs_input_grad[0] else None
+        grad_b = torch.matmul(a.transpose(-2, -1), grad) if ctx.needs_input_grad[1] else None
+        return grad_a, grad_b
+
+
 def checkpoint_as_forward(function, *args, **kwargs):
     """torch's non-reentrant activation checkpoint, whose recomputation multiplies as the forward
     did. Eager, a backward runs outside every torch function mode (`Tensor.backward` is itself
     dispatched through the mode, which steps aside while it runs), so the recomputation gets a
-    `Bf16LinearInFloat32` of its own where the forward had one (the `context_fn`). Under
+    `Bf16GemmsInFloat32` of its own where the forward had one (the `context_fn`). Under
     torch.compile, which takes only dispatch modes as a `context_fn`, the mode is traced into the
     layer's graph and the recompute replays that graph; a layer dynamo leaves eager takes the
     first branch."""
@@ -216,30 +263,30 @@ def checkpoint_as_forward(function, *args, **kwargs):
 
 
 def _recompute_context():
-    return contextlib.nullcontext(), (Bf16LinearInFloat32() if _in_float32_mode() else contextlib.nullcontext())
+    return contextlib.nullcontext(), (Bf16GemmsInFloat32() if _in_float32_mode() else contextlib.nullcontext())
 
 
 def _in_float32_mode() -> bool:
-    """Whether a `Bf16LinearInFloat32` is active on this thread."""
-    return any(isinstance(mode, Bf16LinearInFloat32) for mode in _get_current_function_mode_stack())
+    """Whether a `Bf16GemmsInFloat32` is active on this thread."""
+    return any(isinstance(mode, Bf16GemmsInFloat32) for mode in _get_current_function_mode_stack())
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):
     """The autocast context for `autocast_dtype`'s answer on `device` (a no-op for None); bf16 on
-    a CPU where bf16 is not the faster also multiplies its linear layers in float32
-    (`Bf16LinearInFloat32`)."""
+    a CPU where bf16 is not the faster also multiplies its GEMMs in float32
+    (`Bf16GemmsInFloat32`)."""
     if dtype is None:
         return contextlib.nullcontext()
     device = torch.device(device)
     if dtype != torch.bfloat16 or not bf16_gemm_in_float32(device):
         return torch.autocast(device.type, dtype=dtype)
-    return _autocast_with_linear_in_float32(device.type)
+    return _autocast_with_gemms_in_float32(device.type)
 
 
 @contextlib.contextmanager
-def _autocast_with_linear_in_float32(device_type: str):
+def _autocast_with_gemms_in_float32(device_type: str):
     """A scope nested in another (the trainer's forward inside its minibatch scope) keeps the
     outer one's mode, and its rounded weights: one mode, never one inside another."""
     nested = _in_float32_mode()
-    with torch.autocast(device_type, dtype=torch.bfloat16), (contextlib.nullcontext() if nested else Bf16LinearInFloat32()):
+    with torch.autocast(device_type, dtype=torch.bfloat16), (contextlib.nullcontext() if nested else Bf16GemmsInFloat32()):
         yield

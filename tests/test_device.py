@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from a3po.device import (Bf16LinearInFloat32, autocast, autocast_dtype, bf16_gemm_in_float32, cpu_vendor, native_bf16,
+from a3po.device import (Bf16GemmsInFloat32, autocast, autocast_dtype, bf16_gemm_in_float32, cpu_vendor, native_bf16,
                          resolve_device, resolve_precision)
 from a3po.errors import ConfigError
 
@@ -82,9 +84,9 @@ def _bf16_ulps(value: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
 
 def _native_and_in_float32(layer: torch.nn.Linear, x: torch.Tensor):
     """Output, input grad and weight grad of `layer(x)` under bf16 autocast, oneDNN's GEMM then
-    `Bf16LinearInFloat32`'s."""
+    `Bf16GemmsInFloat32`'s."""
     results = []
-    for mode in (None, Bf16LinearInFloat32()):
+    for mode in (None, Bf16GemmsInFloat32()):
         x_leaf, layer.weight.grad = x.clone().requires_grad_(), None
         with torch.autocast("cpu", dtype=torch.bfloat16):
             if mode is None:
@@ -114,6 +116,45 @@ def test_bf16_linear_in_float32_computes_a_bf16_gemm():
     assert torch.allclose(gw, native_gw, rtol=0, atol=2 ** -7 * native_gw.abs().max())
 
 
+def test_bf16_matmul_in_float32_computes_attentions_bf16_products():
+    """Eager attention's products (`torch.matmul` of [batch, heads, rows, cols] operands) under the
+    mode: within one bf16 place of the exact product of the rounded operands, as oneDNN's bf16
+    GEMM is, equal to it but for the order of the float32 sums, and so are the gradients."""
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 3, 16, 24), torch.randn(2, 3, 24, 20)
+    results = []
+    for mode in (contextlib.nullcontext(), Bf16GemmsInFloat32()):
+        a, b = q.clone().requires_grad_(), k.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16), mode:
+            y = torch.matmul(a, b)
+        y.float().square().sum().backward()
+        results.append((y.detach(), a.grad, b.grad))
+    (native, native_ga, native_gb), (ours, ga, gb) = results
+    assert ours.dtype == native.dtype == torch.bfloat16 and ours.shape == (2, 3, 16, 20)
+    exact = q.bfloat16().double() @ k.bfloat16().double()
+    assert _bf16_ulps(ours, exact).max() <= 1.0 and _bf16_ulps(native, exact).max() <= 1.0
+    assert (ours == native).float().mean() > 0.99
+    assert ga.dtype == gb.dtype == torch.float32
+    assert torch.allclose(ga, native_ga, rtol=0, atol=2 ** -7 * native_ga.abs().max())
+    assert torch.allclose(gb, native_gb, rtol=0, atol=2 ** -7 * native_gb.abs().max())
+
+
+def test_bf16_gemms_in_float32_pass_through_what_they_do_not_serve():
+    """A broadcast product, a matrix-vector one, and anything with autocast turned off inside the
+    scope compute exactly as they would without the mode."""
+    a, b, v = torch.randn(2, 5, 8), torch.randn(8, 6), torch.randn(8)
+    layer = torch.nn.Linear(8, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = (torch.matmul(a, b), torch.matmul(a, v))
+    with torch.autocast("cpu", dtype=torch.bfloat16), Bf16GemmsInFloat32():
+        assert torch.matmul(a, b).equal(expected[0]) and torch.matmul(a, v).equal(expected[1])
+        with torch.autocast("cpu", enabled=False):
+            assert torch.matmul(a, a.transpose(1, 2)).equal(a @ a.transpose(1, 2).detach())
+            assert torch.matmul(a, a.transpose(1, 2)).dtype == layer(a).dtype == torch.float32
+    with torch.no_grad():
+        assert layer(a).equal(torch.nn.functional.linear(a, layer.weight, layer.bias))
+
+
 class _GemmDtypes(TorchDispatchMode):
     """The operand dtypes of every aten GEMM run inside it, forward or backward."""
 
@@ -122,12 +163,12 @@ class _GemmDtypes(TorchDispatchMode):
         self.seen: list[tuple[str, torch.dtype]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default):
             self.seen.append((func.__name__, args[-1].dtype))
         return func(*args, **(kwargs or {}))
 
 
-def test_bf16_linear_in_float32_backward_stays_float32_inside_nested_scopes(monkeypatch):
+def test_bf16_gemms_in_float32_backward_stays_float32_inside_nested_scopes(monkeypatch):
     """A backward called inside the autocast scope (the trainer's minibatch scope, its forwards
     in nested scopes) would have autocast cast autograd's GEMMs back to bf16: every GEMM, forward
     and backward, is float32, and a nested scope adds no second mode."""
@@ -136,17 +177,19 @@ def test_bf16_linear_in_float32_backward_stays_float32_inside_nested_scopes(monk
     with autocast(torch.device("cpu"), torch.bfloat16):
         with autocast(torch.device("cpu"), torch.bfloat16):
             assert len(_get_current_function_mode_stack()) == 1
-            y = layer(x)
+            h = layer(x)
+            y = torch.matmul(h, h.transpose(1, 2))  # attention's product
         spy = _GemmDtypes()
         with spy:
             y.float().sum().backward()
     assert y.dtype == torch.bfloat16 and x.grad.shape == x.shape and layer.weight.grad.shape == (4, 8)
-    assert spy.seen and {dtype for _, dtype in spy.seen} == {torch.float32}
+    assert {name for name, _ in spy.seen} >= {"mm.default", "bmm.default"}
+    assert {dtype for _, dtype in spy.seen} == {torch.float32}
 
 
 def test_bf16_linear_in_float32_rounds_a_parameter_once_and_again_when_it_changes():
     layer, x = torch.nn.Linear(8, 4, bias=False), torch.randn(3, 8)
-    mode = Bf16LinearInFloat32()
+    mode = Bf16GemmsInFloat32()
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), mode:
         first = layer(x)
         rounded = mode._rounded[id(layer.weight)][2]
@@ -156,7 +199,7 @@ def test_bf16_linear_in_float32_rounds_a_parameter_once_and_again_when_it_change
         assert mode._rounded[id(layer.weight)][2] is not rounded
         layer(torch.randn(3, 8))  # an activation is never held
     assert list(mode._rounded) == [id(layer.weight)]
-    under_grad = Bf16LinearInFloat32()
+    under_grad = Bf16GemmsInFloat32()
     with torch.autocast("cpu", dtype=torch.bfloat16), under_grad:
         layer(x).float().sum().backward()
         layer(x).float().sum().backward()  # a second micro-batch: a graph of its own (torch.compile frees the first's)
@@ -175,7 +218,7 @@ def test_autocast_multiplies_bf16_in_float32_exactly_where_bf16_is_not_the_faste
     with autocast(torch.device("cpu"), torch.bfloat16):
         assert torch.is_autocast_enabled("cpu")
         modes = _get_current_function_mode_stack()
-        assert [type(m) for m in modes] == ([Bf16LinearInFloat32] if in_float32 else [])
+        assert [type(m) for m in modes] == ([Bf16GemmsInFloat32] if in_float32 else [])
     assert _get_current_function_mode_stack() == [] and not torch.is_autocast_enabled("cpu")
     with autocast(torch.device("cpu"), None):
         assert _get_current_function_mode_stack() == [] and not torch.is_autocast_enabled("cpu")

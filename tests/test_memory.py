@@ -85,9 +85,11 @@ def test_bf16_linear_copy_only_under_bf16_with_float32_weights(tiny_cfg):
 
 
 def test_bf16_gemms_in_float32_hold_float32_copies_and_operands(tiny_cfg):
-    """Where bf16's linear layers multiply in float32 (a3po.device.Bf16LinearInFloat32): the
-    training casts are float32 (4 B), the rollout holds rounded float32 copies while it samples,
-    and the saved activations are float32's; only under bf16 over float32 weights."""
+    """Where bf16's GEMMs multiply in float32 (a3po.device.Bf16GemmsInFloat32): the training
+    casts are float32 (4 B), the rollout holds rounded float32 copies while it samples, the saved
+    activations are float32's, and eager attention keeps 8 B a probability (softmax's float32
+    output and the second product's float32 operand; 6 B natively); only under bf16 over float32
+    weights."""
     arch, _ = architecture_of(tiny_cfg().model)
     native = parts_of(estimate(tiny_cfg, "precision=bf16"))
     in_float32 = parts_of(estimate(tiny_cfg, "precision=bf16", gemms_in_float32=(True, True)))
@@ -96,6 +98,9 @@ def test_bf16_gemms_in_float32_hold_float32_copies_and_operands(tiny_cfg):
     assert "rollout linear weights rounded, in float32" not in native
     assert in_float32["training activations"] > native["training activations"]
     assert in_float32["training response logits"] == native["training response logits"]  # still bf16 logits
+    formulas = {p.name: p.formula for p in estimate(tiny_cfg, "precision=bf16", gemms_in_float32=(True, True)).parts}
+    native_formulas = {p.name: p.formula for p in estimate(tiny_cfg, "precision=bf16").parts}
+    assert "^2 x 8 B" in formulas["training activations"] and "^2 x 6 B" in native_formulas["training activations"]
     fp32 = parts_of(estimate(tiny_cfg, gemms_in_float32=(True, True)))
     assert fp32 == parts_of(estimate(tiny_cfg))  # fp32 has no bf16 GEMM to move
     rollout_only = parts_of(estimate(tiny_cfg, "precision=bf16", gemms_in_float32=(False, True)))

@@ -81,14 +81,14 @@ def test_a_resumed_invocation_logs_its_own_warm_up(tiny_cfg):
 
 def test_bf16_with_its_linear_layers_in_float32_trains_as_onednns_bf16(tiny_cfg, monkeypatch):
     """The same bf16 run, its linear layers multiplied by oneDNN's bf16 GEMM and in float32
-    (`Bf16LinearInFloat32`, what a CPU where bf16 is not the faster runs): the trainer, the
+    (`Bf16GemmsInFloat32`, what a CPU where bf16 is not the faster runs): the trainer, the
     recompute forward and the sampler all pass through it, and the first step's figures agree
     up to the order of float32 sums."""
     from a3po import device
 
     calls = []
-    in_float32 = device.Bf16LinearInFloat32._linear
-    monkeypatch.setattr(device.Bf16LinearInFloat32, "_linear",
+    in_float32 = device.Bf16GemmsInFloat32._linear
+    monkeypatch.setattr(device.Bf16GemmsInFloat32, "_linear",
                         lambda self, *a, **k: calls.append(1) or in_float32(self, *a, **k))
     base = ("precision=bf16", "train.total_steps=1", "train.eval_every=0", "staleness=0", "algo=recompute")
     records = {}

@@ -74,11 +74,11 @@ def rollout_parts(arch: Architecture, *, rows: int, prompt: int, new_tokens: int
 
 
 def _hf_rollout_weights(arch: Architecture, weight_bytes: int, *, cast_bf16: bool, private: bool,
-                        separate: bool, device: str, linear_in_float32: bool = False) -> list[Part]:
+                        separate: bool, device: str, gemms_in_float32: bool = False) -> list[Part]:
     """The HF engine's weights beside the trainer's (a3po.rollout.weights.ComputeWeights,
     a3po.run.parts.build_parts): a policy of its own where it runs elsewhere (`rollout.device`,
     torchrun); under bf16 a bf16 copy of every linear layer, and where bf16's linear layers
-    multiply in float32 (a3po.device.Bf16LinearInFloat32) their rounded float32 copies while it
+    multiply in float32 (a3po.device.Bf16GemmsInFloat32) their rounded float32 copies while it
     samples; under runtime=async a private copy of every other weight too."""
     parts = []
     if separate:
@@ -88,7 +88,7 @@ def _hf_rollout_weights(arch: Architecture, weight_bytes: int, *, cast_bf16: boo
     if cast_bf16:
         parts.append(Part("rollout bf16 linear weights", arch.linear_params * 2, ("precision", "model.dtype", "model"),
                           "always", device, f"{arch.linear_params:,} linear params (lm_head included) x 2 B"))
-        if linear_in_float32:
+        if gemms_in_float32:
             parts.append(Part("rollout linear weights rounded, in float32", arch.linear_params * 4,
                               ("precision", "model.dtype", "model"), "rollout", device,
                               f"{arch.linear_params:,} linear params x 4 B (bf16 GEMMs run in float32 here)"))
@@ -163,9 +163,9 @@ def estimate_memory(cfg: Any, arch: Architecture, *, prompt_tokens: int, trainer
     the other ranks' processes where they share the host); `device_total`: the rollout GPU's
     memory, for vLLM's share of it; `mmap_threshold`: glibc's, as the run will set it
     (a3po.allocator), which decides what the heap keeps between phases;
-    `gemms_in_float32`: whether bf16's linear layers multiply in float32, holding float32
+    `gemms_in_float32`: whether bf16's GEMMs (linear layers, attention) multiply in float32, holding float32
     operands, on the trainer's and on the rollout's device (`a3po.device.bf16_gemm_in_float32`)."""
-    train_linear_in_float32, rollout_linear_in_float32 = gemms_in_float32
+    train_gemms_in_float32, rollout_gemms_in_float32 = gemms_in_float32
     cfg = RunConfig.of(cfg)  # typed (as is when it already is)
     rollout_device = rollout_device or trainer_device
     model_dtype = cfg.model.dtype
@@ -181,7 +181,7 @@ def estimate_memory(cfg: Any, arch: Architecture, *, prompt_tokens: int, trainer
     else:
         parts += _hf_rollout_weights(arch, weight_bytes, cast_bf16=cast_bf16, private=concurrent,
                                      separate=world > 1 or rollout_device != trainer_device, device=rollout_device,
-                                     linear_in_float32=cast_bf16 and rollout_linear_in_float32)
+                                     gemms_in_float32=cast_bf16 and rollout_gemms_in_float32)
         parts += _hf_rollout(cfg, arch, prompt_tokens, compute, rollout_device)
     parts.append(_held_batches(cfg, prompt_tokens, concurrent))
     sequence = prompt_tokens + cfg.rollout.max_new_tokens
@@ -191,7 +191,7 @@ def estimate_memory(cfg: Any, arch: Architecture, *, prompt_tokens: int, trainer
     shape = TrainShape(rows=rows, sequence=sequence, response=cfg.rollout.max_new_tokens, compute=compute,
                        cast_bf16=cast_bf16, eager=eager_attention, world=world, weight_bytes=weight_bytes,
                        checkpointing=train.activation_checkpointing,
-                       fsdp_mixed=train.fsdp_mixed_precision, linear_in_float32=cast_bf16 and train_linear_in_float32)
+                       fsdp_mixed=train.fsdp_mixed_precision, gemms_in_float32=cast_bf16 and train_gemms_in_float32)
     parts += train_parts(arch, shape, trainer_device)
     parts += heap_slack(parts)
     if world > 1 and trainer_device == "cpu":

@@ -46,10 +46,13 @@ class TrainShape:
 
     def __init__(self, *, rows: int, sequence: int, response: int, compute: int, cast_bf16: bool, eager: bool,
                  checkpointing: bool = False, world: int = 1, fsdp_mixed: bool = False, weight_bytes: int = 4,
-                 linear_in_float32: bool = False) -> None:
-        # bf16 GEMMs in float32 (a3po.device.Bf16LinearInFloat32) keep float32 operands for backward
-        self.linear_in_float32 = linear_in_float32 and cast_bf16
-        self.saved = 4 if self.linear_in_float32 else compute  # the saved activations' bytes
+                 gemms_in_float32: bool = False) -> None:
+        # bf16 GEMMs in float32 (a3po.device.Bf16GemmsInFloat32) keep float32 operands for backward
+        self.gemms_in_float32 = gemms_in_float32 and cast_bf16
+        self.saved = 4 if self.gemms_in_float32 else compute  # the saved activations' bytes
+        # eager attention's probabilities: softmax's float32 output, and the copy the second
+        # product keeps (bf16, or rounded and held in float32 where the GEMMs run in it)
+        self.attention = ACTIVATION_BYTES[self.saved][2] + (4 if self.gemms_in_float32 else 0)
         self.rows, self.sequence, self.response, self.compute = rows, sequence, response, compute
         self.cast_bf16, self.eager, self.checkpointing = cast_bf16, eager, checkpointing
         self.world, self.fsdp_mixed, self.weight_bytes = world, fsdp_mixed and world > 1, weight_bytes
@@ -68,7 +71,8 @@ class TrainShape:
 def _activations(arch: Architecture, shape: TrainShape) -> Part:
     """The layers' saved activations (eager attention's probabilities included); checkpointed,
     each layer's input and one layer's activations while backward runs it again."""
-    per_h, per_i, per_attention = ACTIVATION_BYTES[shape.saved]
+    per_h, per_i, _ = ACTIVATION_BYTES[shape.saved]
+    per_attention = shape.attention
     rows, sequence, tokens, layers = shape.rows, shape.sequence, shape.tokens, arch.num_hidden_layers
     per_token_layer = per_h * arch.hidden_size + per_i * arch.intermediate_size
     attention = rows * arch.num_attention_heads * sequence * sequence * per_attention if shape.eager else 0
@@ -120,7 +124,7 @@ def train_parts(arch: Architecture, shape: TrainShape, device: str) -> list[Part
              f"{chunk} rows x {LOGITS_CHUNK_BYTES} B", tensor=response_rows * arch.vocab_size * shape.compute),
     ]
     if shape.cast_bf16 and not shape.fsdp_mixed:
-        cast = 4 if shape.linear_in_float32 else 2  # rounded to bf16, held in float32 where the GEMMs run in it
+        cast = 4 if shape.gemms_in_float32 else 2  # rounded to bf16, held in float32 where the GEMMs run in it
         parts.append(Part("training autocast weight casts", arch.linear_params * cast, ("precision", "model.dtype", "model"),
                           "train", "", f"{arch.linear_params:,} linear params x {cast} B", tensor=layer_tensor(arch, cast)))
     if shape.world > 1:
