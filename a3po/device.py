@@ -114,13 +114,14 @@ def resolve_precision(name: str, device: torch.device, weights_dtype: str = "flo
             raise ConfigError(f"{key}='bf16' is not allowed on this machine: {torch.cuda.get_device_name(device)} "
                               "has no bf16 support; allowed: fp32 or auto")
         log.warning("%s=bf16 on a CPU without AVX512-BF16 or AMX: oneDNN emulates bf16; its GEMMs (linear "
-                    "layers, attention) multiply their bf16 operands in float32 here (the same arithmetic, at fp32's speed), the rest "
-                    "is slower than fp32 (docs/benchmarks.md, \"Precision\"); %s=auto picks fp32 on this machine",
-                    key, key)
+                    "layers, attention) multiply their bf16 operands in float32 here (the same arithmetic, at "
+                    "fp32's speed), the rest is slower than fp32 (docs/benchmarks.md, \"Precision\"); %s=auto "
+                    "picks fp32 on this machine", key, key)
     elif name == "bf16" and not bf16_is_faster(device):
         log.warning("%s=bf16 on an Intel CPU with AVX512-BF16 but no AMX: oneDNN's bf16 GEMM is slower than MKL's "
-                    "fp32 GEMM here, so its GEMMs (linear layers, attention) multiply their bf16 operands in float32 (the same "
-                    "arithmetic; docs/benchmarks.md, \"Precision\"); %s=auto picks fp32 on this machine", key, key)
+                    "fp32 GEMM here, so its GEMMs (linear layers, attention) multiply their bf16 operands in "
+                    "float32 (the same arithmetic; docs/benchmarks.md, \"Precision\"); %s=auto picks fp32 on this "
+                    "machine", key, key)
     return name
 
 
@@ -288,5 +289,6 @@ def _autocast_with_gemms_in_float32(device_type: str):
     """A scope nested in another (the trainer's forward inside its minibatch scope) keeps the
     outer one's mode, and its rounded weights: one mode, never one inside another."""
     nested = _in_float32_mode()
-    with torch.autocast(device_type, dtype=torch.bfloat16), (contextlib.nullcontext() if nested else Bf16GemmsInFloat32()):
+    mode = contextlib.nullcontext() if nested else Bf16GemmsInFloat32()
+    with torch.autocast(device_type, dtype=torch.bfloat16), mode:
         yield
