@@ -44,7 +44,7 @@ def _step(tiny_cfg, precision, compile_, *overrides):
     ("fp32", 1e-5, ("train.activation_checkpointing=true",), False),
     ("bf16", 2e-2, ("train.activation_checkpointing=true",), True)])
 def test_compiled_step_equals_eager_within_rounding(tiny_cfg, monkeypatch, precision, tolerance, overrides, gemm32):
-    """`gemm32`: bf16's linear layers as float32 GEMMs (`Bf16GemmsInFloat32`), else oneDNN's bf16
+    """`gemm32`: bf16's GEMMs (linear layers, attention) in float32 (`Bf16GemmsInFloat32`), else oneDNN's bf16
     path, whatever this machine's CPU."""
     monkeypatch.setattr("torch.cpu._is_avx512_bf16_supported", lambda: True)
     monkeypatch.setattr("a3po.device.bf16_is_faster", lambda device: not gemm32)
