@@ -10,9 +10,10 @@ import torch
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from a3po.device import (Bf16GemmsInFloat32, autocast, autocast_dtype, bf16_gemm_in_float32, cpu_vendor, native_bf16,
-                         resolve_device, resolve_precision)
+from a3po.device import (autocast, autocast_dtype, bf16_gemm_in_float32, cpu_vendor, native_bf16, resolve_device,
+                         resolve_precision)
 from a3po.errors import ConfigError
+from a3po.gemms import Bf16GemmsInFloat32
 
 from conftest import TINY_OVERRIDES, compose_config
 
@@ -82,61 +83,54 @@ def _bf16_ulps(value: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
     return (value.double() - exact).abs() / (exact.abs().clamp_min(1e-30).log2().floor() - 7).exp2()
 
 
-def _native_and_in_float32(layer: torch.nn.Linear, x: torch.Tensor):
-    """Output, input grad and weight grad of `layer(x)` under bf16 autocast, oneDNN's GEMM then
-    `Bf16GemmsInFloat32`'s."""
+def _native_and_in_float32(product, *operands: torch.Tensor):
+    """`product(*operands)` under bf16 autocast, by oneDNN's bf16 GEMM then by
+    `Bf16GemmsInFloat32`'s: for each, the output and the gradients of its squared sum, with
+    respect to the operands and then to any parameter of `product`."""
+    params = list(product.parameters()) if isinstance(product, torch.nn.Module) else []
     results = []
-    for mode in (None, Bf16GemmsInFloat32()):
-        x_leaf, layer.weight.grad = x.clone().requires_grad_(), None
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            if mode is None:
-                y = layer(x_leaf)
-            else:
-                with mode:
-                    y = layer(x_leaf)
+    for mode in (contextlib.nullcontext(), Bf16GemmsInFloat32()):
+        leaves = [t.clone().requires_grad_() for t in operands]
+        for p in params:
+            p.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16), mode:
+            y = product(*leaves)
         y.float().square().sum().backward()
-        results.append((y.detach(), x_leaf.grad, layer.weight.grad.clone()))
+        results.append((y.detach(), *[t.grad for t in leaves], *[p.grad.clone() for p in params]))
     return results
+
+
+def _assert_a_bf16_gemm(native: tuple, ours: tuple, exact: torch.Tensor) -> None:
+    """Within one bf16 place of the exact product of the rounded operands, as oneDNN's bf16 GEMM
+    is, equal to it but for the order of the float32 sums, and so are the float32 gradients."""
+    assert ours[0].dtype == native[0].dtype == torch.bfloat16 and ours[0].shape == exact.shape
+    assert _bf16_ulps(ours[0], exact).max() <= 1.0 and _bf16_ulps(native[0], exact).max() <= 1.0
+    assert (ours[0] == native[0]).float().mean() > 0.99
+    for grad, native_grad in zip(ours[1:], native[1:], strict=True):
+        assert grad.dtype == torch.float32  # back at the master weights' and input's dtype
+        assert torch.allclose(grad, native_grad, rtol=0, atol=2 ** -7 * native_grad.abs().max())
 
 
 def test_bf16_linear_in_float32_computes_a_bf16_gemm():
     """Operands rounded to bf16, exact products summed in float32, the output rounded to bf16:
-    within one bf16 place of the exact product of the rounded operands, as oneDNN's bf16 GEMM is,
-    and equal to it but for the order of the float32 sums; the gradients too."""
+    within one bf16 place of the exact product, as oneDNN's bf16 GEMM is; the gradients too."""
     torch.manual_seed(0)
     layer, x = torch.nn.Linear(96, 160), torch.randn(48, 96)
-    (native, native_gx, native_gw), (ours, gx, gw) = _native_and_in_float32(layer, x)
-    assert ours.dtype == native.dtype == torch.bfloat16 and ours.shape == (48, 160)
+    native, ours = _native_and_in_float32(layer, x)
     exact = (x.bfloat16().double() @ layer.weight.detach().bfloat16().double().T
              + layer.bias.detach().bfloat16().double())
-    assert _bf16_ulps(ours, exact).max() <= 1.0 and _bf16_ulps(native, exact).max() <= 1.0
-    assert (ours == native).float().mean() > 0.99
-    assert gx.dtype == gw.dtype == torch.float32  # back at the master weights' and input's dtype
-    assert torch.allclose(gx, native_gx, rtol=0, atol=2 ** -7 * native_gx.abs().max())
-    assert torch.allclose(gw, native_gw, rtol=0, atol=2 ** -7 * native_gw.abs().max())
+    _assert_a_bf16_gemm(native, ours, exact)
+    assert len(ours) == 4  # output, input grad, weight grad, bias grad
 
 
 def test_bf16_matmul_in_float32_computes_attentions_bf16_products():
     """Eager attention's products (`torch.matmul` of [batch, heads, rows, cols] operands) under the
-    mode: within one bf16 place of the exact product of the rounded operands, as oneDNN's bf16
-    GEMM is, equal to it but for the order of the float32 sums, and so are the gradients."""
+    mode compute as oneDNN's bf16 GEMM does, gradients included."""
     torch.manual_seed(0)
     q, k = torch.randn(2, 3, 16, 24), torch.randn(2, 3, 24, 20)
-    results = []
-    for mode in (contextlib.nullcontext(), Bf16GemmsInFloat32()):
-        a, b = q.clone().requires_grad_(), k.clone().requires_grad_()
-        with torch.autocast("cpu", dtype=torch.bfloat16), mode:
-            y = torch.matmul(a, b)
-        y.float().square().sum().backward()
-        results.append((y.detach(), a.grad, b.grad))
-    (native, native_ga, native_gb), (ours, ga, gb) = results
-    assert ours.dtype == native.dtype == torch.bfloat16 and ours.shape == (2, 3, 16, 20)
-    exact = q.bfloat16().double() @ k.bfloat16().double()
-    assert _bf16_ulps(ours, exact).max() <= 1.0 and _bf16_ulps(native, exact).max() <= 1.0
-    assert (ours == native).float().mean() > 0.99
-    assert ga.dtype == gb.dtype == torch.float32
-    assert torch.allclose(ga, native_ga, rtol=0, atol=2 ** -7 * native_ga.abs().max())
-    assert torch.allclose(gb, native_gb, rtol=0, atol=2 ** -7 * native_gb.abs().max())
+    native, ours = _native_and_in_float32(torch.matmul, q, k)
+    _assert_a_bf16_gemm(native, ours, q.bfloat16().double() @ k.bfloat16().double())
+    assert len(ours) == 3  # output, both operands' grads
 
 
 def test_bf16_gemms_in_float32_pass_through_what_they_do_not_serve():

@@ -85,7 +85,7 @@ def test_bf16_linear_copy_only_under_bf16_with_float32_weights(tiny_cfg):
 
 
 def test_bf16_gemms_in_float32_hold_float32_copies_and_operands(tiny_cfg):
-    """Where bf16's GEMMs multiply in float32 (a3po.device.Bf16GemmsInFloat32): the training
+    """Where bf16's GEMMs multiply in float32 (a3po.gemms.Bf16GemmsInFloat32): the training
     casts are float32 (4 B), the rollout holds rounded float32 copies while it samples, the saved
     activations are float32's, and eager attention keeps 8 B a probability (softmax's float32
     output and the second product's float32 operand; 6 B natively); only under bf16 over float32

@@ -84,11 +84,11 @@ def test_bf16_with_its_linear_layers_in_float32_trains_as_onednns_bf16(tiny_cfg,
     (`Bf16GemmsInFloat32`, what a CPU where bf16 is not the faster runs): the trainer, the
     recompute forward and the sampler all pass through it, and the first step's figures agree
     up to the order of float32 sums."""
-    from a3po import device
+    from a3po import device, gemms
 
     calls = []
-    in_float32 = device.Bf16GemmsInFloat32._linear
-    monkeypatch.setattr(device.Bf16GemmsInFloat32, "_linear",
+    in_float32 = gemms.Bf16GemmsInFloat32._linear
+    monkeypatch.setattr(gemms.Bf16GemmsInFloat32, "_linear",
                         lambda self, *a, **k: calls.append(1) or in_float32(self, *a, **k))
     base = ("precision=bf16", "train.total_steps=1", "train.eval_every=0", "staleness=0", "algo=recompute")
     records = {}

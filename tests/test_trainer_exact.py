@@ -49,7 +49,7 @@ def test_one_autocast_scope_per_minibatch_changes_no_bit(tiny_cfg, monkeypatch):
     """Weights cast once per minibatch (one autocast scope around its micro-batches) against a
     cast per micro-batch forward: the scope in `Trainer.step` made a no-op, so each forward's own
     scope casts afresh. autocast's own casts: on a CPU where bf16's linear layers multiply in
-    float32 they round at each use under grad instead (a3po.device.Bf16GemmsInFloat32)."""
+    float32 they round at each use under grad instead (a3po.gemms.Bf16GemmsInFloat32)."""
     monkeypatch.setattr("torch.cpu._is_avx512_bf16_supported", lambda: True)
     monkeypatch.setattr("a3po.device.bf16_gemm_in_float32", lambda device: False)
     overrides = ("train.token_budget=130", "train.n_minibatches=2", "algo=loglinear", "staleness=0")

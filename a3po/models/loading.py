@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from a3po.device import checkpoint_as_forward
+from a3po.gemms import checkpoint_as_forward
 from a3po.errors import ConfigError
 
 __all__ = ["DTYPES", "ATTN_IMPLEMENTATION", "ATTN_IMPLEMENTATIONS", "attn_implementation", "dtype_kwargs",

@@ -78,7 +78,7 @@ def _hf_rollout_weights(arch: Architecture, weight_bytes: int, *, cast_bf16: boo
     """The HF engine's weights beside the trainer's (a3po.rollout.weights.ComputeWeights,
     a3po.run.parts.build_parts): a policy of its own where it runs elsewhere (`rollout.device`,
     torchrun); under bf16 a bf16 copy of every linear layer, and where bf16's linear layers
-    multiply in float32 (a3po.device.Bf16GemmsInFloat32) their rounded float32 copies while it
+    multiply in float32 (a3po.gemms.Bf16GemmsInFloat32) their rounded float32 copies while it
     samples; under runtime=async a private copy of every other weight too."""
     parts = []
     if separate:

@@ -47,7 +47,7 @@ class TrainShape:
     def __init__(self, *, rows: int, sequence: int, response: int, compute: int, cast_bf16: bool, eager: bool,
                  checkpointing: bool = False, world: int = 1, fsdp_mixed: bool = False, weight_bytes: int = 4,
                  gemms_in_float32: bool = False) -> None:
-        # bf16 GEMMs in float32 (a3po.device.Bf16GemmsInFloat32) keep float32 operands for backward
+        # bf16 GEMMs in float32 (a3po.gemms.Bf16GemmsInFloat32) keep float32 operands for backward
         self.gemms_in_float32 = gemms_in_float32 and cast_bf16
         self.saved = 4 if self.gemms_in_float32 else compute  # the saved activations' bytes
         # eager attention's probabilities: softmax's float32 output, and the copy the second
