@@ -130,8 +130,8 @@ def checkpoint_as_forward(function, *args, **kwargs):
     dispatched through the mode, which steps aside while it runs), so the recomputation gets a
     `Bf16GemmsInFloat32` of its own where the forward had one (the `context_fn`). Under
     torch.compile, which takes only dispatch modes as a `context_fn`, the mode is traced into the
-    layer's graph and the recompute replays that graph; a layer dynamo leaves eager takes the
-    first branch."""
+    layer's graph and the recompute replays that graph; a layer dynamo leaves eager (a graph
+    break) is checkpointed as an eager one, with the `context_fn`."""
     if torch.compiler.is_compiling():
         return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)
     return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, context_fn=_recompute_context,
