@@ -21,7 +21,7 @@ import logging
 import torch
 
 from a3po.errors import ConfigError
-from a3po.gemms import Bf16GemmsInFloat32, in_float32_mode
+from a3po.gemms import autocast_with_gemms_in_float32
 
 log = logging.getLogger(__name__)
 
@@ -151,14 +151,4 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
     device = torch.device(device)
     if dtype != torch.bfloat16 or not bf16_gemm_in_float32(device):
         return torch.autocast(device.type, dtype=dtype)
-    return _autocast_with_gemms_in_float32(device.type)
-
-
-@contextlib.contextmanager
-def _autocast_with_gemms_in_float32(device_type: str):
-    """A scope nested in another (the trainer's forward inside its minibatch scope) keeps the
-    outer one's mode, and its rounded weights: one mode, never one inside another."""
-    nested = in_float32_mode()
-    mode = contextlib.nullcontext() if nested else Bf16GemmsInFloat32()
-    with torch.autocast(device_type, dtype=torch.bfloat16), mode:
-        yield
+    return autocast_with_gemms_in_float32(device.type)

@@ -145,3 +145,14 @@ def _recompute_context():
 def in_float32_mode() -> bool:
     """Whether a `Bf16GemmsInFloat32` is active on this thread."""
     return any(isinstance(mode, Bf16GemmsInFloat32) for mode in _get_current_function_mode_stack())
+
+
+@contextlib.contextmanager
+def autocast_with_gemms_in_float32(device_type: str):
+    """bf16 autocast with `Bf16GemmsInFloat32` (`a3po.device.autocast` decides where). A scope
+    nested in another (the trainer's forward inside its minibatch scope) keeps the outer one's
+    mode, and its rounded weights: one mode, never one inside another."""
+    nested = in_float32_mode()
+    mode = contextlib.nullcontext() if nested else Bf16GemmsInFloat32()
+    with torch.autocast(device_type, dtype=torch.bfloat16), mode:
+        yield
