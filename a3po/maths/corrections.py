@@ -87,7 +87,7 @@ def _result(valid, keep, weight, low, high=None, truncated=None) -> Correction:
 def none(log_w, seq_index, valid, *, cap: float | None) -> Correction:
     """weight = w; with `cap`, tokens with w > cap are DROPPED (weight 0), not truncated.
 
-    This is `train.behave_weight_cap` of `ppo_actor_loss` (a3po/maths/loss.py), bit for bit: keep =
+    This is the former `train.behave_weight_cap` (now `correction.cap`), bit for bit: keep =
     valid & (w <= cap), counted in masked_high. AReaL's former `behav_imp_weight_cap` (now
     RejectionSamplingConfig action=mask, metric=ratio, level=token)
     does the same to the same ratio, pi_prox/pi_behave.

@@ -48,7 +48,7 @@ def _upper(eps_clip: float, eps_clip_higher: float | None) -> float:
 
 
 def _clipped_surrogate(ratio, advantages, mask, eps_clip, eps_high) -> Objective:
-    # The arithmetic of `ppo_actor_loss` (a3po/maths/loss.py), operation for operation.
+    # The arithmetic of AReaL's `ppo_actor_loss_fn` (tests/oracles.py), operation for operation.
     clipped_ratio = torch.clamp(ratio, 1.0 - eps_clip, 1.0 + eps_high)
     surrogate = -advantages * ratio
     surrogate_clipped = -advantages * clipped_ratio
@@ -65,8 +65,8 @@ def ppo(logp, prox_logp, advantages, seq_index, valid, *, eps_clip: float,
     Exactly AReaL's `ppo_actor_loss_fn` (tests/oracles.py)
     before its behaviour weight: the same clipped-token definition (-A r < -A clip(r)), and
     eps_clip_higher=None meaning symmetric; it differs only where log r > MAX_LOG_RATIO, where
-    ppo_actor_loss overflows. clip_high is the part of that set with r > 1 (A > 0),
-    clip_low the part with r < 1 (A < 0); together they are ppo_actor_loss's clip_mask.
+    AReaL's overflows. clip_high is the part of that set with r > 1 (A > 0),
+    clip_low the part with r < 1 (A < 0); together they are AReaL's clip_mask.
     """
     check_same_shape(logp=logp, prox_logp=prox_logp, advantages=advantages, seq_index=seq_index, valid=valid)
     eps_high = _upper(eps_clip, eps_clip_higher)
