@@ -25,12 +25,20 @@ def package_edges() -> dict[str, tuple[set[str], set[str]]]:
         tree = ast.parse(path.read_text())
         top_level = {id(node) for node in tree.body}
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("a3po."):
-                target = _package(node.module)
+            for target in map(_package, _a3po_modules(node)):
                 if target != source:
                     module_level, lazy = edges.setdefault(source, (set(), set()))
                     (module_level if id(node) in top_level else lazy).add(target)
     return edges
+
+
+def _a3po_modules(node: ast.AST) -> list[str]:
+    """The a3po modules an import statement names: `from a3po.x import y` and `import a3po.x`."""
+    if isinstance(node, ast.ImportFrom):
+        return [node.module] if node.module and node.module.startswith("a3po.") else []
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names if alias.name.startswith("a3po.")]
+    return []
 
 
 def edges_table() -> str:
