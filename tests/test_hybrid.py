@@ -78,3 +78,17 @@ def test_a_bad_hybrid_parameter_fails_at_start(tiny_cfg, override, message):
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         validate_config(tiny_cfg("algo=hybrid", override))
+
+
+def test_the_drift_probe_runs_in_eval_mode_as_the_recompute_forward_does(tiny_cfg, earnable_reward, monkeypatch):
+    import a3po.learner.trainer as trainer_module
+
+    modes, measure = [], trainer_module.drift_ess
+
+    def spy(response_logp, micro):
+        modes.append(response_logp.__self__.policy.training)
+        return measure(response_logp, micro)
+
+    monkeypatch.setattr(trainer_module, "drift_ess", spy)
+    _run(tiny_cfg, "algo=hybrid", "algo.every=0", "algo.min_ess=1.0")  # probes at every step
+    assert modes == [False] * 5

@@ -4,8 +4,7 @@ advantages (GRPO group norm) -> prox logp (by algo) -> n_minibatches optimizer u
 accumulated over token-budget micro-batches -> grad clip -> optimizer step. The metric names
 and their reductions are declared in a3po.metrics, the maths in a3po.maths.loss and a3po.maths.proximal;
 this file only moves tensors between them and the model. With N ranks (a3po.distributed)
-each trains on its shard of every minibatch and the loss stays the 1-process token mean.
-"""
+each trains on its shard of every minibatch and the loss stays the 1-process token mean."""
 
 from __future__ import annotations
 
@@ -291,8 +290,9 @@ class Trainer:
 
     def _decide(self, samples: list[Sample], plans: list[list[list[int]]], version: int, metrics: StepMetrics) -> bool:
         """Whether this step trains against recompute's forward: the anchor strategy decides (the
-        hybrid's drift probe runs on the step's first micro-batch, timed as `prox_logp`)."""
+        hybrid's drift probe: the step's first micro-batch, in eval mode as recompute's, timed as `prox_logp`)."""
         def probe() -> torch.Tensor:
+            self.policy.eval()
             with self.timer.phase("prox_logp"):
                 return drift_ess(self.response_logp, [samples[i] for i in next(m for plan in plans for m in plan if m)])
         recompute, decided = self.anchor.decide(version, probe)
