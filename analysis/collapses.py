@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
@@ -22,11 +23,14 @@ CELL = ["lr", "n_minibatches"]
 BASELINE = "recompute"
 
 
-def collapse_family(runs: pd.DataFrame, arms: Sequence[str]) -> pd.DataFrame:
-    """Per cell of `runs` and loglinear arm of `arms`: collapse counts against recompute's, Fisher's exact
-    two-sided p, its floor at these counts, and the Holm-adjusted p and verdict over all rows."""
+def collapse_family(runs: pd.DataFrame, arms: Sequence[str],
+                    cells: Sequence[tuple[float, int]] | None = None) -> pd.DataFrame:
+    """Per cell and loglinear arm of `arms`: collapse counts against recompute's, Fisher's exact
+    two-sided p, its floor at these counts, and the Holm-adjusted p and verdict over all rows.
+    `cells`: the registered (lr, minibatches) cells, each a row per arm even without runs ("not
+    tested", counted in Holm's family as a p of 1); by default the cells `runs` has."""
     rows = []
-    for (lr, m), cell in runs.groupby(CELL):
+    for (lr, m), cell in _cells(runs, cells):
         base = cell[cell["arm"] == BASELINE]["collapsed"]
         for arm in arms:
             ours = cell[cell["arm"] == arm]["collapsed"]
@@ -39,9 +43,15 @@ def collapse_family(runs: pd.DataFrame, arms: Sequence[str]) -> pd.DataFrame:
     out = pd.DataFrame(rows)
     if len(out):
         out["p_holm"] = holm(list(out["p"]))
-        out["verdict"] = [f"{more} collapses more" if p < ALPHA else "no difference shown"
-                          for more, p in zip(out["more"], out["p_holm"])]
+        out["verdict"] = ["not tested (no runs)" if math.isnan(p) else f"{more} collapses more" if p < ALPHA
+                          else "no difference shown" for more, p in zip(out["more"], out["p_holm"])]
     return out
+
+
+def _cells(runs: pd.DataFrame, cells: Sequence[tuple[float, int]] | None):
+    if cells is None:
+        return list(runs.groupby(CELL))
+    return [((lr, m), runs[np.isclose(runs["lr"], lr) & (runs["n_minibatches"] == m)]) for lr, m in cells]
 
 
 def floor_line(family: pd.DataFrame) -> str:

@@ -16,8 +16,9 @@ seed (or, for a within-run quantity, one sample of per-seed values against 0):
 `scale="log_ratio"` compares log(baseline / treated) (a time saved), so "treated cheaper" is a
 positive effect. Every verdict is given twice: on the raw p-value and on the Holm-adjusted one
 over the whole family (`analysis.stats.holm`); the adjusted one is the study's. A test without
-two paired seeds has no p-value, is left out of the adjustment and reads **inconclusive (fewer
-than 2 seeds)**. Inconclusive is never a success.
+two paired seeds has no p-value, counts in the family's size as a p of 1 (the registered
+family's adjustment, never a looser one) and reads **inconclusive (fewer than 2 seeds)**.
+Inconclusive is never a success (`decided`).
 """
 
 from __future__ import annotations
@@ -35,11 +36,17 @@ from analysis.power import (ALPHA, MAX_SEEDS, minimum_detectable_effect, sd_from
                             tost_seeds_needed)
 from analysis.stats import holm, mean_ci
 
-__all__ = ["FamilyTest", "paired_values", "run_test", "judge", "judge_family", "what_would_decide"]
+__all__ = ["FamilyTest", "paired_values", "run_test", "judge", "judge_family", "decided", "what_would_decide"]
 
 KINDS = ("direction", "two_sided", "equivalence", "one_sample")
 FEW_SEEDS = "inconclusive (fewer than 2 seeds)"
-UNDECIDED = ("inconclusive", "no difference shown")
+UNDECIDED = ("inconclusive", "no difference shown")  # and FEW_SEEDS, an inconclusive too
+
+
+def decided(verdict: str) -> bool:
+    """Whether a verdict decides its test: not inconclusive (with or without seeds) and not "no
+    difference shown"."""
+    return not verdict.startswith(UNDECIDED)
 
 
 @dataclass(frozen=True)
@@ -112,7 +119,8 @@ def judge(test: FamilyTest, row: Mapping, p: float, alpha: float = ALPHA) -> str
 
 def judge_family(tests: Sequence[tuple[str, FamilyTest, Sequence[float]]], alpha: float = ALPHA) -> pd.DataFrame:
     """One row per (comparison, test, per-seed effects): effect, interval, raw and Holm-adjusted
-    p-values and verdicts, the adjustment over every test of the family that has a p-value."""
+    p-values and verdicts, the adjustment over every test of the family (one without a p-value
+    counted as a p of 1)."""
     rows = [{"comparison": comparison, **run_test(test, effects, alpha)} for comparison, test, effects in tests]
     adjusted = holm([row["p"] for row in rows])
     for row, p_adj, (_, test, _) in zip(rows, adjusted, tests):
@@ -137,7 +145,7 @@ def what_would_decide(family: pd.DataFrame, alpha: float = ALPHA) -> pd.DataFram
     interval), the MDE at its seeds, and the seeds 80% power needs at the observed effect, at
     Holm's loosest level (`alpha`, its last step) and its strictest (`alpha` / the family's size)."""
     rows = []
-    for _, row in family[family["verdict"].isin(UNDECIDED)].iterrows():
+    for _, row in family[~family["verdict"].map(decided)].iterrows():
         if row["n"] < 2 or not np.isfinite(row["high"]):
             continue
         sd = sd_from_interval(row["low"], row["high"], int(row["n"]))

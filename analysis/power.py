@@ -43,11 +43,24 @@ def seeds_needed(effect: float, sd: float, power: float = POWER, alpha: float = 
     """The fewest seeds (>= 2) whose paired test detects `effect` with `power`; None past MAX_SEEDS."""
     if effect == 0 or sd <= 0:
         return None if effect == 0 else 2
-    n = 2
-    while paired_power(effect, sd, n, alpha) < power:
-        n = n + 1 if n < 64 else int(n * 1.05) + 1
+    return fewest_seeds(lambda n: paired_power(effect, sd, n, alpha), power)
+
+
+def fewest_seeds(power_at, power: float = POWER) -> int | None:
+    """The fewest n >= 2 with `power_at(n) >= power`, for a power that grows with n; None past
+    MAX_SEEDS. One seed at a time to 64, then steps of 5% to bracket it, then a bisection inside
+    the bracket (the steps alone overshot by up to 5%: 423 seeds where 404 suffice)."""
+    below, n = 1, 2
+    while power_at(n) < power:
+        below, n = n, (n + 1 if n < 64 else int(n * 1.05) + 1)
         if n > MAX_SEEDS:
-            return None
+            if power_at(MAX_SEEDS) < power:
+                return None
+            n = MAX_SEEDS
+            break
+    while n - below > 1:
+        middle = (below + n) // 2
+        below, n = (below, middle) if power_at(middle) >= power else (middle, n)
     return n
 
 
@@ -68,7 +81,9 @@ def minimum_detectable_effect(sd: float, n: int, power: float = POWER, alpha: fl
 
 def tost_power(effect: float, sd: float, n: int, margin: float, alpha: float = ALPHA) -> float:
     """P(the two one-sided tests at `alpha` conclude |difference| < margin), by the standard
-    lower bound P(T1 rejects) + P(T2 rejects) - 1 with noncentral t statistics."""
+    lower bound P(T1 rejects) + P(T2 rejects) - 1 with noncentral t statistics (normal per-seed
+    differences). Tight where power is high (S7's design: 0.88 against 0.879 simulated), low where
+    it is not (5 seeds, sd 0.115: 0.22 against 0.33), so the seeds it says are needed err high."""
     if n < 2 or margin <= 0:
         return 0.0
     df, scale = n - 1, math.sqrt(n) / sd
@@ -86,12 +101,7 @@ def tost_seeds_needed(effect: float, sd: float, margin: float, power: float = PO
         return None
     if sd <= 0:
         return 2
-    n = 2
-    while tost_power(effect, sd, n, margin, alpha) < power:
-        n = n + 1 if n < 64 else int(n * 1.05) + 1
-        if n > MAX_SEEDS:
-            return None
-    return n
+    return fewest_seeds(lambda n: tost_power(effect, sd, n, margin, alpha), power)
 
 
 def tost_from(mean: float, se: float, df: float, margin: float, alpha: float = ALPHA) -> dict[str, float]:

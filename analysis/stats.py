@@ -106,9 +106,11 @@ def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's step-down adjustment of a family's p-values (family-wise error control, any
     dependence): the k-th smallest becomes max over j <= k of (m - j + 1) p_(j), capped at 1; a
     test is significant at level alpha when its adjusted p-value is below alpha. Returned in
-    the input's order. NaN (a test that could not be computed) stays NaN and is not counted."""
+    the input's order. NaN (a registered test that could not be computed) stays NaN and counts
+    in the family's size m as a p of 1, so a test the data could not run never loosens the
+    others' adjustment below the registered family's."""
     indexed = [(p, i) for i, p in enumerate(p_values) if not math.isnan(p)]
-    m = len(indexed)
+    m = len(p_values)
     adjusted = [math.nan] * len(p_values)
     running = 0.0
     for rank, (p, i) in enumerate(sorted(indexed)):
@@ -126,7 +128,7 @@ def fisher_floor(n1: int, n2: int) -> float:
 
 def holm_floor(floors: Sequence[float]) -> float:
     """The smallest Holm-adjusted p any test of a family can reach, from each test's smallest raw
-    p (NaN: a test not computed, not counted, as in `holm`): Holm's first step on the smallest
-    floor, capped at 1. Every adjusted p is at least the first step's."""
+    p (NaN: a test not computed, still counted in the family's size, as in `holm`): Holm's first
+    step on the smallest floor, capped at 1. Every adjusted p is at least the first step's."""
     finite = [p for p in floors if not math.isnan(p)]
-    return min(1.0, len(finite) * min(finite)) if finite else math.nan
+    return min(1.0, len(floors) * min(finite)) if finite else math.nan

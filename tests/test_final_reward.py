@@ -4,6 +4,7 @@ in its family, R' beside it, the plateau check, what more seeds would decide, an
 from __future__ import annotations
 
 import re
+import shutil
 
 import pytest
 
@@ -21,10 +22,10 @@ def _i(seed):
     return seed - SEEDS[0]
 
 
-def _sweep(root, final_of, previous=0.7, stopped_at=None):
+def _sweep(root, final_of, previous=0.7, stopped_at=None, diverged_at=None):
     """Two arms (and a step_start run the study leaves out), evals after steps 5 and 11:
     `previous` then `final_of(arm, seed)`; `stopped_at` maps (arm, seed) to the step a run stopped
-    at (part-done: no final eval)."""
+    at (part-done: no final eval), `diverged_at` to the step it diverged at (its last)."""
     for arm, algo, schedule in (("recompute", "recompute", "inverse"), ("inverse", "loglinear", "inverse"),
                                 ("step_start", "loglinear", "step_start")):
         for seed in SEEDS:
@@ -34,6 +35,9 @@ def _sweep(root, final_of, previous=0.7, stopped_at=None):
                         "time/step_cpu": 1.0, "staleness/mean": 8.0, "actor/entropy": 0.4} for t in range(STEPS)]
             records[5]["eval/reward"], records[STEPS - 1]["eval/reward"] = previous, final_of(arm, seed)
             records = records[:(stopped_at or {}).get((arm, seed), STEPS)]
+            if (arm, seed) in (diverged_at or {}):
+                records = records[:diverged_at[arm, seed] + 1]
+                records[-1]["health/diverged"] = 1.0
             dump_run(root, f"{arm}-d8-s{seed}", config, records)
     return root
 
@@ -115,6 +119,41 @@ def test_the_report_says_which_runs_it_left_out(tmp_path):
     assert "Read from 10 runs, those of the seeds ended in every arm (the stopping rule); left out, 22 of 32 registered runs: " \
            "recompute seed 203: part-done; inverse seed 203: ended, its pair did not; recompute seed 206: not started" in text
     assert re.search(r"\| R +\| .* \| +5 \|", text)
+
+
+def test_a_diverged_run_keeps_its_reward_and_one_that_never_evaluated_counts_0(tmp_path):
+    """Reported, not dropped (docs/studies/final_reward.md): inverse seed 201 diverged before its
+    first eval (R 0, its pair read), seed 202 after one (R that eval); recompute seed 203's
+    divergence leaves the plateau check, which reads the evals after the last steps."""
+    root = _sweep(tmp_path / "s", lambda arm, seed: 0.8,
+                  diverged_at={("inverse", 201): 3, ("inverse", 202): 8, ("recompute", 203): 8})
+    runs, _ = seeds_ended_in_every_arm(_runs(root), list(SEEDS), list(ARMS))
+    reward = {(r["arm"], r["seed"]): r["last_evals_reward"] for _, r in runs.iterrows()}
+    assert reward["inverse", 201] == 0.0 and reward["inverse", 202] == pytest.approx(0.7)
+    assert reward["recompute", 203] == pytest.approx(0.7) and reward["inverse", 200] == pytest.approx(0.75)
+    assert judged(runs).set_index("label").loc["R", "n"] == len(SEEDS)
+    assert plateau(runs)["interval"].n == len(SEEDS) - 1
+    out = tmp_path / "report.md"
+    assert main([str(root), "--out", str(out), "--figures-dir", str(tmp_path / "figures")]) == 0
+    assert ("Diverged, kept with their reward: inverse seed 201 (last_evals_reward 0.000); inverse seed 202 "
+            "(last_evals_reward 0.700); recompute seed 203 (last_evals_reward 0.700).") in out.read_text()
+
+
+def test_two_runs_of_one_arm_and_seed_fail_naming_them(tmp_path):
+    root = _sweep(tmp_path / "s", lambda arm, seed: 0.8)
+    again = root / "inverse-again-d8-s200"
+    shutil.copytree(root / "inverse-d8-s200", again)
+    (again / "config.yaml").write_text((again / "config.yaml").read_text().replace("inverse-d8-s200", again.name))
+    with pytest.raises(ValueError, match="more than one run of an arm and seed .*inverse seed 200: inverse-again-d8-s200"):
+        seeds_ended_in_every_arm(_runs(root), list(SEEDS), list(ARMS))
+
+
+def test_r_with_fewer_than_2_seeds_is_undecided_not_decided(tmp_path):
+    root = _sweep(tmp_path / "s", lambda arm, seed: 0.8, stopped_at={("inverse", s): 8 for s in SEEDS[1:]})
+    out = tmp_path / "report.md"
+    assert main([str(root), "--out", str(out), "--figures-dir", str(tmp_path / "figures")]) == 0
+    text = out.read_text()
+    assert "R is undecided, with fewer than 2 seeds ended in both arms" in text and "R is decided." not in text
 
 
 def test_an_unknown_experiment_names_the_file_and_the_ones_there(tmp_path):

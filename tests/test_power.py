@@ -26,6 +26,15 @@ def test_seeds_needed_matches_the_textbook_paired_t_test():
     assert paired_power(0.5, 1.0, 34) >= 0.8 > paired_power(0.5, 1.0, 33)
 
 
+def test_seeds_needed_are_the_fewest_past_64_too():
+    # past 64 the search steps by 5%: the answer is the first n at power, not the step that passed it
+    needed = tost_seeds_needed(0.0, 0.10, 0.0146)
+    assert needed == 404 and tost_power(0.0, 0.10, 403, 0.0146) < 0.8 <= tost_power(0.0, 0.10, 404, 0.0146)
+    needed = seeds_needed(0.01, 0.1)
+    assert needed > 64 and paired_power(0.01, 0.1, needed - 1) < 0.8 <= paired_power(0.01, 0.1, needed)
+    assert seeds_needed(1e-4, 1.0) is None  # past MAX_SEEDS
+
+
 def test_power_agrees_with_simulation():
     rng = np.random.default_rng(0)
     draws = rng.normal(0.8, 1.0, size=(20_000, 8))

@@ -97,8 +97,9 @@ def test_holm_adjusts_step_down_in_the_input_order():
     assert holm([0.03, 0.01, 0.04, 0.02]) == pytest.approx([0.06, 0.04, 0.06, 0.06])
     # monotone: a larger raw p never gets a smaller adjusted one; capped at 1
     assert holm([0.5, 0.001, 0.4]) == pytest.approx([0.8, 0.003, 0.8])
-    out = holm([0.02, float("nan"), 0.04])  # NaN is not a test: m = 2
-    assert out[0] == pytest.approx(0.04) and math.isnan(out[1]) and out[2] == pytest.approx(0.04)
+    # a registered test that could not run counts as p = 1: m stays 3 (m = 2 would give 0.04, 0.04)
+    out = holm([0.01, float("nan"), 0.04])
+    assert out[0] == pytest.approx(0.03) and math.isnan(out[1]) and out[2] == pytest.approx(0.08)
 
 
 def test_fisher_floor_is_the_complete_split_and_holm_floor_bounds_the_family():
@@ -107,7 +108,7 @@ def test_fisher_floor_is_the_complete_split_and_holm_floor_bounds_the_family():
     assert fisher_floor(4, 4) == pytest.approx(1 / 35) and fisher_floor(1, 1) == pytest.approx(1.0)
     assert math.isnan(fisher_floor(0, 5))
     assert holm_floor([2 / 252] * 8) == pytest.approx(16 / 252)  # S6 tier B: 0.063, never below 0.05
-    assert holm_floor([0.001, float("nan"), 1.0]) == pytest.approx(0.002)  # NaN is not a test: m = 2
+    assert holm_floor([0.001, float("nan"), 1.0]) == pytest.approx(0.003)  # NaN still counts: m = 3
     assert holm_floor([0.5, 0.5, 0.5]) == 1.0 and math.isnan(holm_floor([]))
     floors = [0.004, 0.03, 0.2]  # the bound holds at the floors themselves: Holm's smallest adjusted p
     assert min(holm(floors)) == pytest.approx(holm_floor(floors))

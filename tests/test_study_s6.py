@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from analysis.collapses import cell_arm_table, collapse_family, floor_line
-from analysis.family import FamilyTest, judge, judge_family, paired_values, run_test, what_would_decide
+from analysis.family import FamilyTest, decided, judge, judge_family, paired_values, run_test, what_would_decide
 from analysis.figures.arms import _anchor_effect, arm_figures, by_version, with_arms
-from analysis.studies.s6 import ARMS, STRESS_COLUMNS, collapsed, load_s6, main, plateau, stress_runs, tier_family, tier_runs
+from analysis.studies.s6 import ARMS, STRESS_CELLS, STRESS_COLUMNS, collapsed, load_s6, main, plateau, stress_runs, tier_family, tier_runs
 from test_report import dump_run
 
 SEEDS = (100, 101, 102, 103)  # four of S6's registered seeds (conf/experiment/s6.yaml)
@@ -108,15 +108,16 @@ def test_judge_rules():
         FamilyTest("x", "x", "x", "equivalence")
 
 
-def test_effects_pair_by_seed_and_holm_leaves_untestable_tests_out():
+def test_effects_pair_by_seed_and_holm_counts_untestable_tests_as_p_1():
     test = FamilyTest("a", "time", "t", "direction", +1, "log_ratio")
     assert paired_values(test, {0: 1.0, 1: 2.0, 5: 9.0}, {0: 2.0, 1: 2.0}) == [math.log(2.0), 0.0]
     assert math.isnan(run_test(test, [0.3])["p"])
     two = FamilyTest("T", "x", "x", "two_sided")
     family = judge_family([("c", two, [0.1, 0.11, 0.09, 0.1]), ("c", two, [0.2]), ("c", two, [0.1, 0.12, 0.08, 0.1])])
     assert math.isnan(family.loc[1, "p_holm"]) and family.loc[1, "verdict"].startswith("inconclusive")
-    low, high = sorted([family.loc[0, "p"], family.loc[2, "p"]])  # two tests counted, not three
-    assert sorted([family.loc[0, "p_holm"], family.loc[2, "p_holm"]]) == pytest.approx([2 * low, max(2 * low, high)])
+    low, high = sorted([family.loc[0, "p"], family.loc[2, "p"]])  # three tests counted: the registered family
+    assert sorted([family.loc[0, "p_holm"], family.loc[2, "p_holm"]]) == pytest.approx([3 * low, max(3 * low, 2 * high)])
+    assert not decided(family.loc[1, "verdict"])  # "inconclusive (fewer than 2 seeds)" decides nothing
 
 
 def test_what_would_decide_each_undecided_test():
@@ -159,6 +160,11 @@ def test_stress_collapses_by_fisher_with_holm(tmp_path):
     assert floor_line(stress).startswith("At these counts the best case, a complete split, gives a raw p of 0.029 "
                                          "and 0.11 after Holm: no cell can be decided")  # 4 tests x 1/35
     assert floor_line(collapse_family(runs.iloc[:0], ARMS)) == "No runs of these seeds in any cell."
+    registered = collapse_family(runs, ARMS, STRESS_CELLS)  # every registered cell, with runs or not
+    assert len(registered) == 8 and list(registered["verdict"]).count("not tested (no runs)") == 4
+    assert registered["p_holm"].dropna().tolist() == pytest.approx([1, 1, 8 / 35, 8 / 35])  # m = 8, not 4
+    assert floor_line(registered).endswith("gives a raw p of 0.029 and 0.23 after Holm: no cell can be decided, "
+                                           "whatever its runs do.")
     stress = stress[stress["lr"] == 3e-5]
     assert list(stress["arm"]) == ["inverse", "step_start"]
     assert list(stress["recompute_collapsed"]) == ["4/4", "4/4"] and list(stress["arm_collapsed"]) == ["0/4", "0/4"]

@@ -20,14 +20,15 @@ import argparse
 import pandas as pd
 
 from analysis.claims.contrasts import deviations_flag, provenance_table, write_study_report
-from analysis.family import FamilyTest, judge_family, paired_values, what_would_decide
+from analysis.family import FamilyTest, decided, judge_family, paired_values, what_would_decide
 from analysis.figures.arms import arm_figures
 from analysis.load import load_configs, load_runs
 from analysis.markdown import fmt, markdown_table
 from analysis.outcomes import with_outcomes
 from analysis.provenance import figures_markdown, generated_line, provenance
 from analysis.scalars import plateau_check, run_scalars
-from analysis.stopping import ended, left_out_line, registered_seeds, rows_of, seeds_ended_in_every_arm
+from analysis.stopping import (diverged_line, ended, left_out_line, registered_seeds, reward_of_the_diverged, rows_of,
+                               seeds_ended_in_every_arm)
 
 STALENESS = 8
 MARGIN = 0.12          # absolute reward, S6's margin (docs/studies/final_reward.md)
@@ -51,7 +52,7 @@ def study_runs(df: pd.DataFrame, seeds: list[int] | None = None) -> pd.DataFrame
     evals = df[df["metric"] == "eval/reward"].sort_values("step").groupby(["experiment", "run"])["value"].agg(list)
     scalars = scalars.join(evals.rename("evals"), on=["experiment", "run"])
     keep = (scalars["staleness"] == STALENESS) & (scalars["arm"] != "") & scalars["seed"].isin(seeds)
-    return scalars[keep].reset_index(drop=True)
+    return reward_of_the_diverged(scalars[keep].reset_index(drop=True), REWARD.column)
 
 
 def _by_seed(runs: pd.DataFrame, arm: str) -> dict[int, float]:
@@ -68,7 +69,9 @@ def judged(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def plateau(runs: pd.DataFrame) -> dict:
-    interval, holds = plateau_check(runs[runs["arm"] == "recompute"]["evals"], PLATEAU_GAIN)
+    """Recompute's runs that ran all their steps (the evals after steps 70 and 80; a diverged run has neither)."""
+    whole = (runs["arm"] == "recompute") & runs["complete"].astype(bool) & ~runs["diverged"].astype(bool)
+    interval, holds = plateau_check(runs[whole]["evals"], PLATEAU_GAIN)
     return {"interval": interval, "holds": holds}
 
 
@@ -86,6 +89,15 @@ def _arm_table(runs: pd.DataFrame) -> str:
                           numeric_from=1)
 
 
+def _more_seeds_line(verdict: str, decide: pd.DataFrame) -> str:
+    if decided(verdict):
+        return "R is decided."
+    if decide.empty:
+        return "R is undecided, with fewer than 2 seeds ended in both arms: no spread to plan from."
+    return (f"At the observed spread (sd {fmt(decide.iloc[0]['sd'], 3)}) and difference, a TOST at ±{MARGIN:g} "
+            f"needs {decide.iloc[0]['seeds_loosest']} seeds for 80% power.")
+
+
 def _command(args: argparse.Namespace) -> str:
     return (f"python -m analysis.studies.final_reward {' '.join(map(str, args.logs))} --out {args.out} "
             f"--figures-dir {args.figures_dir}" + deviations_flag(args))
@@ -99,13 +111,14 @@ def report(args: argparse.Namespace) -> list[str]:
     tests, check = judged(runs), plateau(runs)
     gain = check["interval"]
     decide = what_would_decide(tests.iloc[:1])
+    diverged = [line, ""] if (line := diverged_line(runs, REWARD.column)) else []
     return [f"# Is A-3PO's final reward within ±{MARGIN:g} of recompute's? (d = {STALENESS})", "",
             generated_line(_command(args)) + " Pre-registered in docs/studies/final_reward.md; its deviations end "
             "this page.", "",
             "## Provenance", "", provenance(args.logs, runs, configs, df.attrs.get("skipped", ())), "",
             provenance_table(runs, [("d", "staleness")]), "",
             left_out_line(len(runs), left_out, len(seeds) * len(ARMS)), "",
-            "## Arms", "", _arm_table(runs), "",
+            "## Arms", "", _arm_table(runs), "", *diverged,
             "## The claim", "",
             f"R is the registered test (TOST at ±{MARGIN:g}, alone in its family: α 0.05); R' is descriptive. "
             "\"Inconclusive\" never counts as equivalence.", "", _verdict_table(tests), "",
@@ -114,9 +127,7 @@ def report(args: argparse.Namespace) -> list[str]:
             + ("**holds**" if check["holds"] else "**does not hold**: R is the reward at the last step, recompute "
                "still rising") + f" (bound {PLATEAU_GAIN:g}).", "",
             "## What more seeds would decide", "",
-            ("R is decided." if decide.empty else
-             f"At the observed spread (sd {fmt(decide.iloc[0]['sd'], 3)}) and difference, a TOST at ±{MARGIN:g} "
-             f"needs {decide.iloc[0]['seeds_loosest']} seeds for 80% power."), "",
+            _more_seeds_line(tests.iloc[0]["verdict"], decide), "",
             "## Figures", "", figures_markdown(arm_figures(rows_of(df, runs), STALENESS, args.figures_dir, "final_reward", "Final reward"),
                                                 args.out.parent)]
 

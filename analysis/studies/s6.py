@@ -31,7 +31,8 @@ from analysis.outcomes import with_outcomes
 from analysis.power import minimum_detectable_effect, sd_from_interval, tost_seeds_needed
 from analysis.provenance import figures_markdown, generated_line, provenance
 from analysis.scalars import plateau_check, run_scalars
-from analysis.stopping import left_out_line, registered_seeds, rows_of, seeds_ended_in_every_arm
+from analysis.stopping import (diverged_line, left_out_line, registered_seeds, reward_of_the_diverged, rows_of,
+                               seeds_ended_in_every_arm)
 
 ARMS = ("inverse", "step_start")  # the loglinear schedules each compared with recompute
 BASELINE = "recompute"
@@ -90,7 +91,7 @@ def s6_scalars(df: pd.DataFrame, configs) -> pd.DataFrame:
     scalars["n_minibatches"] = [int(configs[key]["train"]["n_minibatches"]) for key in scalars.index]
     scalars = scalars.reset_index()
     scalars["arm"] = [_arm(row) for _, row in scalars.iterrows()]
-    return scalars
+    return reward_of_the_diverged(scalars)
 
 
 def _by_seed(rows: pd.DataFrame, column: str) -> dict[int, float]:
@@ -125,6 +126,7 @@ def tier_family(scalars: pd.DataFrame, staleness: int) -> pd.DataFrame:
 def plateau(scalars: pd.DataFrame, staleness: int) -> dict:
     """Recompute's gain between its last two evals over seeds; holds when the 95% upper end < PLATEAU_GAIN."""
     runs = scalars[(scalars["staleness"] == staleness) & (scalars["arm"] == BASELINE)]
+    runs = runs[runs["complete"].astype(bool) & ~runs["diverged"].astype(bool)]  # the evals after the last two tens
     interval, holds = plateau_check(runs["evals"], PLATEAU_GAIN)
     return {"gain": interval.mean, "low": interval.low, "high": interval.high, "n": interval.n, "holds": holds}
 
@@ -203,13 +205,14 @@ def report(args: argparse.Namespace) -> list[str]:
     cell, left_out = tier_runs(scalars, staleness, seeds)
     skipped, df = df.attrs.get("skipped", ()), rows_of(df, cell)
     family, check = tier_family(cell, staleness), plateau(cell, staleness)
+    diverged = [line, ""] if (line := diverged_line(cell)) else []
     lines = [f"# S6 at d = {staleness}: the claims on the words testbed", "",
              generated_line(_command(args)) + " Pre-registered in docs/studies/s6.md (tests, margin, Holm family, "
              "verdict rules); its deviations end this page.", "",
              "## Provenance", "", provenance(args.logs, cell, configs, skipped), "",
              provenance_table(cell, [("d", "staleness")]), "",
              left_out_line(len(cell), left_out, 3 * len(seeds)), "",
-             "## Arms (mean ± sd over runs)", "", arm_table(cell, staleness), "",
+             "## Arms (mean ± sd over runs)", "", arm_table(cell, staleness), "", *diverged,
              f"## The family: {len(family)} tests, Holm-adjusted", "",
              "Verdicts as registered: \"inconclusive\" and \"no difference shown\" never count as a claim holding; "
              "\"equivalent\" only from the TOST of R.", "", family_table(family), "",
@@ -227,7 +230,7 @@ def report(args: argparse.Namespace) -> list[str]:
     if args.stress:
         seeds = registered_seeds("s6_stress")
         runs, stress_left_out = stress_runs(load_s6([*args.stress, *args.logs])[2], seeds=seeds)
-        stress = collapse_family(runs, ARMS)
+        stress = collapse_family(runs, ARMS, STRESS_CELLS)
         lines += ["", "## Tier B: collapses (Fisher's exact, Holm over the cells)", "",
                   f"Seeds {', '.join(map(str, seeds))} in every cell (the cell lr 1e-05, 4 minibatches is tier A's "
                   "runs of them). " + left_out_line(len(runs), stress_left_out, 3 * len(seeds) * len(STRESS_CELLS))
