@@ -3,10 +3,11 @@
 S6 and S7 register it alike (docs/studies/s6.md, docs/studies/final_reward.md): a report reads
 the runs that ended (all their steps, or diverged: such runs keep their reward) of the
 registered seeds, only the seeds ended in every arm, and lists each registered run it left
-out. A diverged run's reward is the mean of the last evals it logged, and 0 when it stopped
-before its first (`reward_of_the_diverged`: reported, not dropped, as the pages register).
-Each arm and seed is one run: logs that hold one twice fail. The registered seeds are the experiment's own sweep (`conf/experiment/<name>.yaml`,
-`hydra.sweeper.params.seed`), so the rule reads the grid the runs were launched from.
+out. A diverged run's reward is the mean of the last two evals it logged, and 0 when it
+stopped before its first (`reward_of_the_diverged`: reported, not dropped, as the pages
+register). Each arm and seed is one run: logs that hold one twice fail. The registered seeds
+are the experiment's own sweep (`conf/experiment/<name>.yaml`, `hydra.sweeper.params.seed`),
+so the rule reads the grid the runs were launched from.
 """
 
 from __future__ import annotations
