@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 
 import numpy as np
 from scipy import stats
@@ -46,10 +47,10 @@ def seeds_needed(effect: float, sd: float, power: float = POWER, alpha: float = 
     return fewest_seeds(lambda n: paired_power(effect, sd, n, alpha), power)
 
 
-def fewest_seeds(power_at, power: float = POWER) -> int | None:
+def fewest_seeds(power_at: Callable[[int], float], power: float = POWER) -> int | None:
     """The fewest n >= 2 with `power_at(n) >= power`, for a power that grows with n; None past
     MAX_SEEDS. One seed at a time to 64, then steps of 5% to bracket it, then a bisection inside
-    the bracket (the steps alone overshot by up to 5%: 423 seeds where 404 suffice)."""
+    the bracket (the steps alone return up to 5% more seeds than needed)."""
     below, n = 1, 2
     while power_at(n) < power:
         below, n = n, (n + 1 if n < 64 else int(n * 1.05) + 1)
@@ -82,8 +83,8 @@ def minimum_detectable_effect(sd: float, n: int, power: float = POWER, alpha: fl
 def tost_power(effect: float, sd: float, n: int, margin: float, alpha: float = ALPHA) -> float:
     """P(the two one-sided tests at `alpha` conclude |difference| < margin), by the standard
     lower bound P(T1 rejects) + P(T2 rejects) - 1 with noncentral t statistics (normal per-seed
-    differences). Tight where power is high (S7's design: 0.88 against 0.879 simulated), low where
-    it is not (5 seeds, sd 0.115: 0.22 against 0.33), so the seeds it says are needed err high."""
+    differences): tight where power is high, below the true power where it is low, so the seeds
+    it says are needed err high (figures: docs/sweeps.md)."""
     if n < 2 or margin <= 0:
         return 0.0
     df, scale = n - 1, math.sqrt(n) / sd
