@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from omegaconf import DictConfig
 
 from a3po.benchmark.derive import derive
 from a3po.benchmark.harness import interleaved, load_average, machine_info, summarize_results
 from a3po.benchmark.probes import all_variants, approximation_traffic
 from a3po.benchmark.results import append_to_docs, render_markdown, write_report
 from a3po.benchmark.workload import REPO, BenchmarkOptions, batch_info, build_workload, compose, model_info
+from a3po.run_config import RunConfig
 
 DOCS_PATH = REPO / "docs" / "benchmarks.md"
 
@@ -76,7 +76,7 @@ def options_from(args: argparse.Namespace) -> BenchmarkOptions:
     return BenchmarkOptions(**{option.name: getattr(args, option.name) for option in fields(BenchmarkOptions)})
 
 
-def run_benchmark(cfg: DictConfig, options: BenchmarkOptions, *, command: str = "") -> dict[str, Any]:
+def run_benchmark(cfg: RunConfig, options: BenchmarkOptions, *, command: str = "") -> dict[str, Any]:
     """Build the model, the batch and every variant; measure; return the report dict (what
     benchmark.json holds)."""
     w = build_workload(cfg, options)
@@ -95,7 +95,7 @@ def run_benchmark(cfg: DictConfig, options: BenchmarkOptions, *, command: str = 
     return report
 
 
-def default_out_dir(cfg: DictConfig, report: dict[str, Any]) -> Path:
+def default_out_dir(cfg: RunConfig, report: dict[str, Any]) -> Path:
     b = report["batch"]
     return Path(cfg.output_root) / "benchmark" / (
         f"{cfg.model.name}-{b['n_prompts']}x{b['n_samples']}-p{b['prompt_len']}-r{b['response_len_max']}")
@@ -107,7 +107,7 @@ def main(argv: Sequence[str] | None = None, *, program: str = "python -m a3po.be
     options = options_from(args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    cfg = compose(args.overrides)
+    cfg = RunConfig.of(compose(args.overrides))  # the benchmark's door: typed from here on
     report = run_benchmark(cfg, options, command=" ".join([program, *map(shlex.quote, argv)]))
     json_path, md_path = write_report(report, args.out or default_out_dir(cfg, report))
     if args.append_docs:

@@ -18,8 +18,7 @@ from a3po.device import resolve_device, resolve_precision
 from a3po.learner.trainer import Trainer
 from a3po.maths.proximal import approximations
 from a3po.maths.schedules import SCHEDULES
-from a3po.run_config import RunConfig
-from a3po.schema import as_plain
+from a3po.run_config import Choice, RunConfig
 from a3po.timer import PhaseTimer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,9 +89,15 @@ def make_trainer(cfg: RunConfig, policy: torch.nn.Module, tokenizer: Any, algo: 
     """A trainer built as a3po.run.main builds it from the typed `cfg`, with `algo=<algo>
     schedule=<schedule>` composed as training composes them (the two axis groups are the one
     thing typed here: an axis choice is this benchmark's to make)."""
-    groups = compose([f"algo={algo}", f"schedule={schedule}"])
-    run_cfg = RunConfig.of(cfg, algo=as_plain(groups.algo), schedule=as_plain(groups.schedule), precision=precision)
+    chosen_algo, chosen_schedule = axis_choices(algo, schedule)
+    run_cfg = RunConfig.of(cfg, algo=chosen_algo, schedule=chosen_schedule, precision=precision)
     return Trainer(policy, run_cfg, pad_id=tokenizer.pad_token_id, device=device, timer=timer)
+
+
+def axis_choices(algo: str, schedule: str) -> tuple[Choice, Choice]:
+    """The `algo` and `schedule` groups as training composes them, typed at once."""
+    groups = compose([f"algo={algo}", f"schedule={schedule}"])
+    return Choice.of(groups.algo), Choice.of(groups.schedule)
 
 
 def synthetic_batch(trainer: Trainer, *, vocab_size: int, n_prompts: int, n_samples: int, prompt_len: int,
@@ -158,7 +163,7 @@ class StartState:
 class Workload:
     """The model, the trainers, the batch, its plans, and the state steps start from."""
 
-    cfg: RunConfig  # typed once, in build_workload
+    cfg: RunConfig  # typed once, at the benchmark's entry (a3po.benchmark.cli.main)
     options: BenchmarkOptions
     device: torch.device
     precision: str  # resolved (a3po.device), as a training run resolves it
@@ -197,13 +202,12 @@ class Workload:
         return trainer
 
 
-def build_workload(cfg: DictConfig, options: BenchmarkOptions) -> Workload:
+def build_workload(cfg: RunConfig, options: BenchmarkOptions) -> Workload:
     """The policy, the trainers (one shared optimizer: they would hold identical state, and one
     copy of Adam's moments is what a large model on one GPU affords), the synthetic batch at
     behaviour version 1 (never the prompt's -1), and the state every repetition starts from."""
     from a3po.models import load_policy
 
-    cfg = RunConfig.of(cfg)  # the benchmark's door: typed from here on
     device = resolve_device(cfg.device)
     precision = resolve_precision(cfg.precision, device, cfg.model.dtype)
     cfg = RunConfig.of(cfg, precision=precision)
