@@ -284,3 +284,23 @@ def test_a_bf16_cache_holds_what_autocast_would_cast(tiny, monkeypatch):
     monkeypatch.setattr(decode_module, "PreallocatedCache", lambda n, capacity, dtype: original(n, capacity))
     cast_each_step = _decode_tiny(weights.module, tokenizer, prompts, autocast_dtype=torch.bfloat16)
     assert torch.equal(stored.tokens, cast_each_step.tokens) and torch.equal(stored.logp, cast_each_step.logp)
+
+
+@pytest.mark.parametrize("autocast_dtype", [None, torch.bfloat16])
+def test_grouped_attention_samples_what_eager_samples(tiny, autocast_dtype, monkeypatch):
+    """The loop's attention (grouped by key-value head, a3po.rollout.attention) against
+    transformers' eager attention in its place: the same tokens, log-probs to float32's (bf16's)
+    rounding, and the model's config as it was."""
+    import contextlib
+
+    from a3po.rollout import decode as decode_module
+
+    policy, tokenizer = tiny
+    module = ComputeWeights(policy, autocast_dtype).module
+    prompts = [[5, 6, 7, 8], [9, 10], [12, 14, 15], [3, 4]]
+    grouped = _decode_tiny(module, tokenizer, prompts, autocast_dtype=autocast_dtype, max_new_tokens=16)
+    assert module.config._attn_implementation == "eager"
+    monkeypatch.setattr(decode_module, "grouped_eager", lambda model: contextlib.nullcontext())
+    eager = _decode_tiny(module, tokenizer, prompts, autocast_dtype=autocast_dtype, max_new_tokens=16)
+    assert torch.equal(grouped.tokens, eager.tokens) and grouped.lengths == eager.lengths
+    torch.testing.assert_close(grouped.logp, eager.logp, rtol=0, atol=1e-5 if autocast_dtype is None else 2e-2)

@@ -108,6 +108,21 @@ def test_bf16_gemms_in_float32_hold_float32_copies_and_operands(tiny_cfg):
     assert rollout_only["rollout linear weights rounded, in float32"] == 4 * arch.linear_params
 
 
+def test_what_decode_attention_copies_depends_on_the_implementation(tiny_cfg):
+    """sdpa repeats the tiny model's 2 key-value heads for its 4 query heads (keys and values);
+    the loop's eager attention reads the cache where it lies (a3po.rollout.attention), and takes
+    a float32 copy of one layer's keys (then values) only where bf16's GEMMs multiply in float32."""
+    positions = PROMPT + tiny_cfg().rollout.max_new_tokens
+    sdpa = parts_of(estimate(tiny_cfg, "precision=bf16", eager_attention=False))
+    assert sdpa["rollout repeated key/value heads"] == 2 * 4 * 4 * positions * 16 * 2  # 2 x rows x H x P x d x 2 B
+    assert "rollout key/value heads in float32" not in sdpa
+    eager = parts_of(estimate(tiny_cfg, "precision=bf16"))
+    assert "rollout repeated key/value heads" not in eager and "rollout key/value heads in float32" not in eager
+    in_float32 = parts_of(estimate(tiny_cfg, "precision=bf16", gemms_in_float32=(False, True)))
+    assert in_float32["rollout key/value heads in float32"] == 4 * 2 * positions * 16 * 4  # rows x K x P x d x 4 B
+    assert "rollout repeated key/value heads" not in in_float32
+
+
 def test_rollout_weight_copies(tiny_cfg):
     arch, _ = architecture_of(tiny_cfg().model)
     lagged = parts_of(estimate(tiny_cfg))

@@ -14,7 +14,9 @@ hardware's pace"). Here:
   same sorted pass) and returns the sampled token's log-prob from the step's float32
   log-softmax, so nothing of size tokens x vocab outlives its step;
 - `PreallocatedCache` writes each step's keys and values into buffers sized once for the
-  longest sequence and hands attention a view of the filled part.
+  longest sequence and hands attention a view of the filled part;
+- eager attention runs grouped by key-value head (`a3po.rollout.attention`): the cache is read
+  where it lies, not repeated for every query head at every layer and step.
 
 The distribution sampled is exactly the one `generate` sampled (temperature, then top-p with
 transformers' rule, no top-k), so `behave_logp` means what it always meant; the random stream
@@ -29,6 +31,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from a3po.device import autocast
+from a3po.rollout.attention import grouped_eager
 
 __all__ = ["PreallocatedCache", "Decoded", "sample_next", "top_p_keep", "decode"]
 
@@ -243,7 +246,7 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, real: torch.Tensor, 
     rows = _Rows(n_rows, max_new_tokens, pad_id, next_position=positions[rows_of, -1:] + 1,
                  keys_real=torch.cat([real[rows_of], real.new_ones(n_rows, max_new_tokens)], dim=1))
     step_input, step_positions, step = input_ids, positions, 0
-    with autocast(device, autocast_dtype):
+    with autocast(device, autocast_dtype), grouped_eager(model):
         for step in range(max_new_tokens):
             hidden = decoder(input_ids=step_input, attention_mask=step_mask, position_ids=step_positions,
                              past_key_values=cache, use_cache=True).last_hidden_state[:, -1]

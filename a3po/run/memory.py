@@ -43,24 +43,20 @@ def _rows(n: int, batch_size: int | None) -> int:
 
 
 def rollout_parts(arch: Architecture, *, rows: int, prompt: int, new_tokens: int, compute: int, device: str,
-                  keys: tuple[str, ...], label: str = "rollout", samples: int = 1) -> list[Part]:
+                  keys: tuple[str, ...], label: str = "rollout", samples: int = 1, eager: bool = True,
+                  gemms_in_float32: bool = False) -> list[Part]:
     """The HF engine's decode loop (a3po.rollout.decode) on `rows` sequences at once: its KV
-    cache, preallocated for the longest prompt plus every new token, one decode step's
-    vocabulary-sized tensors, and the prefill's attention over the prompt, once per distinct
-    prompt (a group's `samples` share one)."""
+    cache, preallocated for the longest prompt plus every new token, what attention copies of it
+    at a decode step, one decode step's vocabulary-sized tensors, and the prefill's attention
+    over the prompt, once per distinct prompt (a group's `samples` share one)."""
     positions = prompt + new_tokens
     kv = arch.num_hidden_layers * 2 * rows * arch.num_key_value_heads * positions * arch.head_dim * compute
     step = rows * arch.vocab_size * DECODE_VOCAB_BYTES
     prompts = math.ceil(rows / samples)
     prefill = prompts * arch.num_attention_heads * prompt * prompt * PREFILL_ATTENTION_BYTES
-    # transformers' attention repeats each key/value head for its query heads (`repeat_kv`) at
-    # every decode step: two cache-sized tensors of the query heads' width, one layer at a time
-    repeated = 2 * rows * arch.num_attention_heads * positions * arch.head_dim * compute
-    repeated = repeated if arch.num_attention_heads != arch.num_key_value_heads else 0
     return [
-        Part(f"{label} repeated key/value heads", repeated, keys, "rollout", device,
-             f"2 x {rows} rows x {arch.num_attention_heads} heads x {positions} positions x {arch.head_dim} x "
-             f"{compute} B (one layer's, at each decode step)", tensor=repeated // 2),
+        _attention_copy(arch, rows=rows, positions=positions, compute=compute, device=device, keys=keys, label=label,
+                        eager=eager, gemms_in_float32=gemms_in_float32),
         Part(f"{label} KV cache", kv, keys, "rollout", device,
              f"{arch.num_hidden_layers} layers x 2 x {rows} rows x {arch.num_key_value_heads} kv heads x "
              f"({prompt} prompt + {new_tokens} new) positions x {arch.head_dim} x {compute} B",
@@ -71,6 +67,25 @@ def rollout_parts(arch: Architecture, *, rows: int, prompt: int, new_tokens: int
              f"{prompts} prompts x {arch.num_attention_heads} heads x {prompt}^2 x {PREFILL_ATTENTION_BYTES} B",
              tensor=prompts * arch.num_attention_heads * prompt * prompt * 4),
     ]
+
+
+def _attention_copy(arch: Architecture, *, rows: int, positions: int, compute: int, device: str,
+                    keys: tuple[str, ...], label: str, eager: bool, gemms_in_float32: bool) -> Part:
+    """What attention copies of one layer's cache at a decode step. sdpa (given the loop's mask)
+    repeats each key/value head for its query heads (transformers' `repeat_kv`): keys and values
+    at the query heads' width. The loop's eager attention reads the cache where it lies
+    (a3po.rollout.attention); where bf16's GEMMs multiply in float32 it takes a float32 copy of
+    the keys, then of the values."""
+    if eager:
+        copied = rows * arch.num_key_value_heads * positions * arch.head_dim * 4 if gemms_in_float32 else 0
+        return Part(f"{label} key/value heads in float32", copied, keys, "rollout", device,
+                    f"{rows} rows x {arch.num_key_value_heads} kv heads x {positions} positions x {arch.head_dim} x "
+                    f"4 B (one layer's keys or values, at each decode step)", tensor=copied)
+    repeated = 2 * rows * arch.num_attention_heads * positions * arch.head_dim * compute
+    repeated = repeated if arch.num_attention_heads != arch.num_key_value_heads else 0
+    return Part(f"{label} repeated key/value heads", repeated, keys, "rollout", device,
+                f"2 x {rows} rows x {arch.num_attention_heads} heads x {positions} positions x {arch.head_dim} x "
+                f"{compute} B (one layer's, at each decode step)", tensor=repeated // 2)
 
 
 def _hf_rollout_weights(arch: Architecture, weight_bytes: int, *, cast_bf16: bool, private: bool,
@@ -182,7 +197,8 @@ def estimate_memory(cfg: Any, arch: Architecture, *, prompt_tokens: int, trainer
         parts += _hf_rollout_weights(arch, weight_bytes, cast_bf16=cast_bf16, private=concurrent,
                                      separate=world > 1 or rollout_device != trainer_device, device=rollout_device,
                                      gemms_in_float32=cast_bf16 and rollout_gemms_in_float32)
-        parts += _hf_rollout(cfg, arch, prompt_tokens, compute, rollout_device)
+        parts += _hf_rollout(cfg, arch, prompt_tokens, compute, rollout_device, eager=eager_attention,
+                             gemms_in_float32=cast_bf16 and rollout_gemms_in_float32)
     parts.append(_held_batches(cfg, prompt_tokens, concurrent))
     sequence = prompt_tokens + cfg.rollout.max_new_tokens
     train = cfg.train
@@ -214,20 +230,22 @@ def _trainer_state(arch: Architecture, weight_bytes: int, world: int, device: st
     ]
 
 
-def _hf_rollout(cfg: Any, arch: Architecture, prompt_tokens: int, compute: int, device: str) -> list[Part]:
+def _hf_rollout(cfg: Any, arch: Architecture, prompt_tokens: int, compute: int, device: str, *, eager: bool,
+                gemms_in_float32: bool) -> list[Part]:
     """The training rollout's decode loop, or the eval's where it holds more rows (the eval
     samples `train.eval_size` prompts once each); bf16 on a CPU, its kernels per position."""
     train, rollout = cfg.train, cfg.rollout
     batch_size = rollout.batch_size
+    kernels = dict(compute=compute, device=device, eager=eager, gemms_in_float32=gemms_in_float32)
     chosen = rollout_parts(arch, rows=_rows(train.n_prompts * train.n_samples, batch_size), prompt=prompt_tokens,
-                           new_tokens=rollout.max_new_tokens, compute=compute, device=device, samples=train.n_samples,
+                           new_tokens=rollout.max_new_tokens, samples=train.n_samples, **kernels,
                            keys=("train.n_prompts", "train.n_samples", "rollout.batch_size", "rollout.max_new_tokens"))
     if train.eval_every:
         eval_samples = train.eval_samples
         evaluation = rollout_parts(arch, rows=_rows(train.eval_size * eval_samples, batch_size), prompt=prompt_tokens,
-                                   new_tokens=rollout.max_new_tokens, compute=compute, device=device,
-                                   keys=("train.eval_size", "train.eval_samples", "rollout.batch_size",
-                                         "rollout.max_new_tokens"), label="eval rollout", samples=eval_samples)
+                                   new_tokens=rollout.max_new_tokens, label="eval rollout", samples=eval_samples,
+                                   **kernels, keys=("train.eval_size", "train.eval_samples", "rollout.batch_size",
+                                                    "rollout.max_new_tokens"))
         if sum(p.nbytes for p in evaluation) > sum(p.nbytes for p in chosen):
             chosen = evaluation
     if compute == 2 and device == "cpu":
