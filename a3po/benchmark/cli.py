@@ -107,7 +107,7 @@ def main(argv: Sequence[str] | None = None, *, program: str = "python -m a3po.be
     options = options_from(args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    cfg = RunConfig.of(compose(args.overrides))  # the benchmark's door: typed from here on
+    cfg = compose(args.overrides)  # the benchmark's door: typed from here on
     report = run_benchmark(cfg, options, command=" ".join([program, *map(shlex.quote, argv)]))
     json_path, md_path = write_report(report, args.out or default_out_dir(cfg, report))
     if args.append_docs:

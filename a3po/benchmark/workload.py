@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from omegaconf import DictConfig
 
 from a3po.allocator import retain_freed_memory
 from a3po.batch import RolloutBatch, Sample
@@ -56,9 +55,10 @@ class BenchmarkOptions:
     progress: bool = True
 
 
-def compose(overrides: Sequence[str] = (), conf_dir: Path = CONF_DIR) -> DictConfig:
-    """The root training config with Hydra-style overrides; the task group is dropped because
-    a benchmark batch needs no task (and must not depend on one being installed)."""
+def compose(overrides: Sequence[str] = (), conf_dir: Path = CONF_DIR) -> RunConfig:
+    """The root training config with Hydra-style overrides, typed (the benchmark's door); the
+    task group is dropped because a benchmark batch needs no task (and must not depend on one
+    being installed)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -69,7 +69,7 @@ def compose(overrides: Sequence[str] = (), conf_dir: Path = CONF_DIR) -> DictCon
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
         cfg = hydra_compose(config_name="config", overrides=["~task", *overrides])
     GlobalHydra.instance().clear()
-    return cfg
+    return RunConfig.of(cfg)
 
 
 @lru_cache(maxsize=None)
@@ -95,9 +95,9 @@ def make_trainer(cfg: RunConfig, policy: torch.nn.Module, tokenizer: Any, algo: 
 
 
 def axis_choices(algo: str, schedule: str) -> tuple[Choice, Choice]:
-    """The `algo` and `schedule` groups as training composes them, typed at once."""
-    groups = compose([f"algo={algo}", f"schedule={schedule}"])
-    return Choice.of(groups.algo), Choice.of(groups.schedule)
+    """The `algo` and `schedule` groups as training composes them, typed."""
+    composed = compose([f"algo={algo}", f"schedule={schedule}"])
+    return composed.algo, composed.schedule
 
 
 def synthetic_batch(trainer: Trainer, *, vocab_size: int, n_prompts: int, n_samples: int, prompt_len: int,
