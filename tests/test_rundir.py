@@ -31,6 +31,13 @@ def test_config_differences_ignores_neutral_keys_and_growing_steps():
     newer = {**old, "rollout": {"device": None}}
     assert config_differences(old, newer) == []
     assert config_differences(old, {**old, "rollout": {"device": "cuda:1"}}) == [("rollout.device", "<absent>", "cuda:1")]
+    # a list value (task.operations) that changes, appears or goes is a difference, named as any other
+    ops = {**old, "task": {"operations": ["add", "sub"]}}
+    assert config_differences(ops, {**old, "task": {"operations": ["add", "sub", "mul"]}}) == [
+        ("task.operations", ["add", "sub"], ["add", "sub", "mul"])]
+    assert config_differences(old, ops) == [("task.operations", "<absent>", ["add", "sub"])]
+    assert config_differences(ops, old) == [("task.operations", ["add", "sub"], "<absent>")]
+    assert config_differences(ops, ops) == []
 
 
 def test_finished_run_with_another_config_refuses_and_keeps_its_files(tiny_cfg):

@@ -72,7 +72,7 @@ def config_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[t
         if _neutral(key) or (key in MOVED_KEYS and key not in new_flat):
             continue
         before, after = old_flat.get(key, LEGACY_VALUES.get(key, "<absent>")), new_flat.get(key, "<absent>")
-        if before == after or {before, after} == {"<absent>", None}:
+        if before == after or (before, after) in (("<absent>", None), (None, "<absent>")):
             continue  # a key added since the run started, at its null default, changes nothing
         if key == EXTENSIBLE_KEY and isinstance(before, int) and isinstance(after, int) and after > before:
             continue
