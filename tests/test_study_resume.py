@@ -47,6 +47,11 @@ def composed_now(config: dict) -> dict:
     return RunConfig.of(compose_config(sweep_overrides(config))).resolved
 
 
+def changed_runs(configs: dict[str, dict]) -> dict[str, list]:
+    """Each run whose config today's conf/ no longer composes, with the keys that differ."""
+    return {name: diffs for name, config in configs.items() if (diffs := config_differences(config, composed_now(config)))}
+
+
 def test_sweep_overrides_name_the_run():
     config = {"algo": {"name": "loglinear"}, "schedule": {"name": "step_start"}, "experiment_name": "s6_stress",
               "staleness": 8, "seed": 101, "output_root": "outputs", "train": {"lr": 3.0e-5, "n_minibatches": 8}}
@@ -60,7 +65,7 @@ def test_sweep_overrides_name_the_run():
 def test_tier_b_ended_runs_compose_unchanged():
     configs = run_configs(TIER_B_RUNNING)
     assert configs, f"{TIER_B_RUNNING} holds no run"
-    changed = {name: diffs for name, config in configs.items() if (diffs := config_differences(config, composed_now(config)))}
+    changed = changed_runs(configs)
     assert changed == {}, f"conf/ now composes another config for these tier B runs: {changed}"
 
 
@@ -68,7 +73,7 @@ def test_tier_b_ended_runs_compose_unchanged():
 def test_tier_a_runs_compose_unchanged_so_tier_c_repeats_them():
     configs = run_configs(TIER_A)
     assert len(configs) == 24
-    changed = {name: diffs for name, config in configs.items() if (diffs := config_differences(config, composed_now(config)))}
+    changed = changed_runs(configs)
     assert changed == {}, f"conf/ now composes another config for these tier A runs: {changed}"
 
 
@@ -76,4 +81,4 @@ def test_a_changed_setting_is_caught():
     """The check can fail: a tier A run whose learning rate differs from what conf/ composes."""
     name, config = next(iter(run_configs(TIER_A).items()))
     altered = {**config, "train": {**config["train"], "lr": config["train"]["lr"] * 3}}
-    assert [key for key, _, _ in config_differences(altered, composed_now(altered))] == ["train.lr"], name
+    assert [key for key, _, _ in changed_runs({name: altered})[name]] == ["train.lr"]
