@@ -37,8 +37,8 @@ def measure_mean_reward(
     instruction: str = ANSWER_INSTRUCTION,
     precision: str = "fp32",
 ) -> dict:
-    """Mean reward of `n_samples` samples for each of the task's first `n_prompts` training
-    prompts. `batch_size`: sequences per `generate` call, None = all at once (the trainer's
+    """Mean reward of `n_samples` samples for each of the `n_prompts` problems of a run's step-0
+    training batch (the task's `train_batch(0, n_prompts)`). `batch_size`: sequences per `generate` call, None = all at once (the trainer's
     default, `rollout.batch_size` unset)."""
     problems = task.train_batch(0, n_prompts)
     engine = HFEngine(model, tokenizer, temperature=temperature, top_p=top_p,
