@@ -9,8 +9,8 @@ k + 1 (the weight sync pauses the rollout for its duration, as AReaL's `update_w
 pauses generation). The rollout may start batch j only once the trainer's version v has
 reached j - bound (AReaL's admission rule, `max_head_offpolicyness`: no sample trains more
 than `bound` versions after the policy that generated it). `simulate_async` plays this out
-event by event; in steady state a step takes max(rollout + sync, trainer) when the bound lets
-the two overlap, and rollout + trainer when the bound is 0 (the rollout waits for every
+event by event; in steady state a step takes max(rollout, trainer) + sync when the bound lets
+the two overlap (the sync stalls both sides), and rollout + trainer when the bound is 0 (the rollout waits for every
 update), which `steady_interval` gives in closed form for the tests to hold the simulation to.
 """
 
