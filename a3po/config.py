@@ -18,7 +18,7 @@ from a3po.maths.corrections import check_combination, check_correction
 from a3po.maths.objectives import check_objective
 from a3po.maths.proximal import ALGOS
 from a3po.maths.schedules import schedule_of, validate_schedule
-from a3po.run_config import ROLLOUT_SCHEMAS, RUNTIMES
+from a3po.run_config import AXES, ROLLOUT_SCHEMAS, RUNTIMES, TOP_LEVEL
 from a3po.schema import LoggerConfig, TrainConfig, as_plain, check_group, field_names
 # A run directory that holds another config's run: stop (error) or start it afresh (restart).
 ON_CONFIG_CHANGE = ("error", "restart")
@@ -115,7 +115,16 @@ def memory_check_mode(value: Any) -> Any:
     return "off" if value is False else value
 
 
+# Every key a composed config has at its top: conf/config.yaml's values, its groups, and what
+# Hydra and the run's identity add. Anything else is a typo such as `+stalness=4`.
+TOP_LEVEL_KEYS = frozenset({*TOP_LEVEL, *AXES, "model", "task", "rollout", "runtime", "logger", "train",
+                            "identity", "hydra"})
+
+
 def _validate_top(cfg: DictConfig) -> None:
+    unknown = sorted(set(cfg.keys()) - TOP_LEVEL_KEYS)
+    _require(not unknown, unknown[0] if unknown else "", cfg.get(unknown[0]) if unknown else None,
+             f"it is not a key of the config; the top-level keys are {sorted(TOP_LEVEL_KEYS - {'hydra'})}")
     _require(_is_int(cfg.staleness) and cfg.staleness >= 0, "staleness", cfg.staleness, "it must be an integer >= 0")
     _require(_is_int(cfg.seed) and cfg.seed >= 0, "seed", cfg.seed, "it must be an integer >= 0")
     _require(cfg.device in DEVICES, "device", cfg.device, f"allowed: {list(DEVICES)}")

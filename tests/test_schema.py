@@ -94,3 +94,36 @@ def test_a_bad_group_value_fails_at_start_through_the_cli(tiny_cfg):
         validate_config(tiny_cfg("runtime=async", "runtime.interruptible=maybe"))
     with pytest.raises(ConfigError, match="logger.mode='loud' is not allowed; allowed:"):
         validate_config(tiny_cfg("logger.mode=loud"))
+
+
+def test_a_misspelt_top_level_key_fails_naming_it_and_the_keys_there(tiny_cfg):
+    from a3po.config import validate_config
+
+    with pytest.raises(ConfigError, match=r"stalness=4 is not allowed; it is not a key of the config; "
+                                          r"the top-level keys are \[.*'staleness'"):
+        validate_config(tiny_cfg("+stalness=4"))
+
+
+def test_every_shipped_experiment_and_variant_composes_to_known_top_level_keys(tiny_cfg):
+    from a3po.config import TOP_LEVEL_KEYS
+
+    for path in sorted((CONF_DIR / "experiment").glob("*.yaml")):
+        assert set(tiny_cfg(f"experiment={path.stem}")) <= TOP_LEVEL_KEYS, path.name
+    for path in sorted((CONF_DIR / "variant").glob("*.yaml")):
+        assert set(tiny_cfg(f"+variant={path.stem}")) <= TOP_LEVEL_KEYS, path.name
+
+
+def test_a_misspelt_experiment_fails_at_composition_naming_the_ones_there(tiny_cfg):
+    from hydra.errors import MissingConfigException
+
+    with pytest.raises(MissingConfigException, match=r"Could not find 'experiment/s6_stres'(.|\n)*s6_stress"):
+        tiny_cfg("experiment=s6_stres")
+
+
+def test_an_unknown_logged_schedule_names_the_key_that_chose_it(tiny_cfg):
+    from a3po.config import validate_config
+
+    with pytest.raises(ConfigError, match=r"train.prox_error_schedules.foo: schedule='foo' is not allowed; allowed: \["):
+        validate_config(tiny_cfg("train.log_prox_errors=true", "+train.prox_error_schedules.foo={}"))
+    with pytest.raises(ConfigError, match=r"^schedule='nope' is not allowed"):
+        validate_config(tiny_cfg("schedule.name=nope"))

@@ -113,7 +113,7 @@ def validate_schedule(schedule: str, schedule_params: Mapping[str, float] | None
                       ) -> dict[str, float]:
     """Check a schedule name and its parameters (a whole `cfg.schedule` will do); return every
     parameter it takes, defaults filled in. ValueError naming the key otherwise."""
-    return SCHEDULES.lookup(schedule).check(schedule_params, where)
+    return SCHEDULES.lookup(schedule, where).check(schedule_params, where)
 
 
 def target_weight(

@@ -95,9 +95,12 @@ class Registry(Mapping[str, Spec]):
     def unregister(self, name: str) -> None:
         del self._specs[name]
 
-    def lookup(self, name: Any) -> Spec:
+    def lookup(self, name: Any, where: str | None = None) -> Spec:
+        """The spec of `name`; ValueError naming the axis (and `where`, the config key that chose
+        it, when that is not the axis itself) and what is allowed."""
         if name not in self._specs:
-            raise ValueError(f"{self.axis}={name!r} is not allowed; allowed: {sorted(self._specs)}")
+            place = f"{where}: " if where and where != self.axis else ""
+            raise ValueError(f"{place}{self.axis}={name!r} is not allowed; allowed: {sorted(self._specs)}")
         return self._specs[name]
 
     def __getitem__(self, name: str) -> Spec:
