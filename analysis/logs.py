@@ -134,11 +134,25 @@ def main(argv: list[str] | None = None) -> int:
     return _unpack_command(args) if args.command == "unpack" else _pack_command(args)
 
 
+def _os_error(error: OSError, flag: str, path: Path, allowed: str) -> str:
+    """An OSError as one line: ours (no filename) as it is; the system's naming the path it hit
+    and, where that is `path`, a folder above it or a path below it, the argument `flag` and
+    what it allows."""
+    if error.filename is None:
+        return str(error)
+    hit = Path(error.filename)
+    where = f"{hit}: {error.strerror or error}"
+    if hit == path or hit in path.parents or path in hit.parents:
+        return f"{flag} {path}: cannot be used ({where}); {allowed}"
+    return where
+
+
 def _pack_command(args: argparse.Namespace) -> int:
     try:
         n = pack(args.sweep, args.out, args.match, args.ended)
-    except FileNotFoundError as error:
-        print(f"error: {error}")
+    except OSError as error:  # no run to pack (ours), or OUT cannot be written (a folder, a file above it)
+        print("error: " + _os_error(error, "OUT", args.out, "give the archive file to write, e.g. "
+                                    f"docs/logs/NAME.tar.xz (allowed: {', '.join(ARCHIVE_SUFFIXES)})"))
         return 2
     print(f"wrote {args.out}: {n} runs, {args.out.stat().st_size / 1024:.0f} KiB")
     return 0
@@ -148,10 +162,18 @@ def _unpack_command(args: argparse.Namespace) -> int:
     if not is_archive(args.archive):
         print(f"error: {args.archive}: no such log archive (allowed: {', '.join(ARCHIVE_SUFFIXES)})")
         return 2
+    if args.output_root.exists() and not args.output_root.is_dir():
+        print(f"error: OUTPUT_ROOT {args.output_root}: not a folder; give a folder to restore the runs under "
+              "(created where missing)")
+        return 2
     try:
         restored, kept = unpack(args.archive, args.output_root)
     except ValueError as error:
         print(f"error: {error}")
+        return 2
+    except OSError as error:  # OUTPUT_ROOT (or a folder on the way) is a file, or cannot be written
+        print("error: " + _os_error(error, "OUTPUT_ROOT", args.output_root,
+                                    "give a folder to restore the runs under (created where missing)"))
         return 2
     print(f"{args.archive}: {restored} runs restored under {args.output_root}, {kept} kept as they were")
     return 0

@@ -6,12 +6,14 @@ needed beside each verdict. Used by the alpha-schedule (S2), mechanism (S3) and 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from analysis.claims.rule import FAILS, HOLDS, Claim, compare
+from analysis.load import NoRunsError
 from analysis.markdown import fmt, markdown_table
 from analysis.provenance import deviations_section
 from analysis.runs import DEFAULT_SCHEDULE
@@ -96,7 +98,9 @@ def write_study_report(parser, report: Callable, argv: list[str] | None) -> int:
     """The study reports' command line: `parser` with the study's own arguments, to which this
     adds `--out`, `--figures-dir` and `--deviations`; `report(args)` -> markdown lines, written
     to `--out`, ending with `--deviations PAGE`'s Deviations section where given (checked
-    before any loading: a missing page or section exits 2 naming it)."""
+    before any loading: a missing page or section exits 2 naming it). A path with no usable
+    run (`NoRunsError`: missing, empty, an unreadable archive, runs without metrics) exits 2
+    with a one-line `error:` naming it, as `python -m analysis.report` does."""
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--figures-dir", type=Path, required=True)
     parser.add_argument("--deviations", type=Path, default=None,
@@ -107,7 +111,11 @@ def write_study_report(parser, report: Callable, argv: list[str] | None) -> int:
     except (ValueError, OSError) as error:
         print(f"error: --deviations: {error}")
         return 2
-    lines = report(args) + ending
+    try:
+        lines = report(args) + ending
+    except NoRunsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out}")

@@ -26,15 +26,34 @@ from analysis.markdown import markdown_table
 
 
 def _efficiency(text: str) -> Efficiency:
-    """`train=0.3,forward=0.35` over SUITE_H200's figures; a bad key names the ones allowed."""
+    """`train=0.3,forward=0.35` over SUITE_H200's figures; a bad key names the ones allowed, a
+    bad value the item (`--efficiency train=abc`) and what is allowed."""
     known = {f.name for f in fields(Efficiency)}
     values = {}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
         if key not in known:
             raise ValueError(f"--efficiency: unknown key {key!r}; allowed: {', '.join(sorted(known))}")
-        values[key] = float(value)
-    return replace(SUITE_H200, **values)
+        try:
+            values[key] = float(value)
+        except ValueError:
+            raise ValueError(f"--efficiency {item}: {key}'s value {value!r} is not a number; give KEY=NUMBER, "
+                             "e.g. train=0.3") from None
+    try:
+        return replace(SUITE_H200, **values)
+    except ValueError as error:  # out of its range (Efficiency.__post_init__)
+        raise ValueError(f"--efficiency {text}: {error}") from None
+
+
+def _devices(text: str) -> int:
+    """A device count (--trainer-devices, --rollout-devices): a whole number >= 1."""
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; give a whole number of devices >= 1")
+    return count
 
 
 def predict_lines(args: argparse.Namespace) -> list[str]:
@@ -133,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, kind, default in (("model", str, "qwen2.5-1.5b"), ("device", str, "H800 SXM"), ("prompts", int, 256),
                                 ("samples", int, 4), ("prompt-len", int, 120), ("response-len", float, 300.0),
                                 ("response-max", int, 1024), ("minibatches", int, 1), ("precision", str, "bf16"),
-                                ("trainer-devices", int, 4), ("rollout-devices", int, 4), ("bound", int, 2),
+                                ("trainer-devices", _devices, 4), ("rollout-devices", _devices, 4), ("bound", int, 2),
                                 ("link", float, 400e9), ("efficiency", str, "")):
         p.add_argument(f"--{name}", type=kind, default=default)
     p.add_argument("--checkpointing", action="store_true")

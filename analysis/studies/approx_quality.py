@@ -14,6 +14,7 @@ what their anchor's error was and what its forward cost against the recompute ru
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -21,7 +22,7 @@ import pandas as pd
 from analysis.anchor.drift import drift_points, fit_drift
 from analysis.anchor.tracking import s2_verdicts, schedule_markdown, schedule_table, steady
 from analysis.figures.panels import approx_error
-from analysis.load import load_runs
+from analysis.load import NoRunsError, load_runs
 from analysis.provenance import generated_line
 
 def stratum_table(df: pd.DataFrame, d: int, kind: str = "logp_abs") -> pd.DataFrame:
@@ -100,7 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--figures-dir", type=Path, required=True)
     args = parser.parse_args(argv)
-    df = load_runs(args.paths)
+    try:
+        df = load_runs(args.paths)
+    except NoRunsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     base = df[df["algo"] == "recompute"] if (df["algo"] == "recompute").any() else df  # hybrid runs: own section
     figure = approx_error(base, args.figures_dir)
     points = drift_points(base)

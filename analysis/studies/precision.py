@@ -14,6 +14,7 @@ compared across precisions inside one contrast.
 from __future__ import annotations
 
 import argparse
+import sys
 import math
 from pathlib import Path
 
@@ -156,8 +157,9 @@ def report(args: argparse.Namespace) -> list[str]:
     arms = arms[(arms["staleness"] == args.d) & (arms["m"] == args.m) & arms["precision"].isin(PRECISIONS)]
     duplicated = arms[arms.duplicated(["precision", "arm", "seed"], keep=False)]
     if len(duplicated):
-        raise SystemExit("error: more than one run per (precision, arm, seed): "
-                         + ", ".join(sorted(duplicated["run"] + " (" + duplicated["experiment"] + ")")))
+        print("error: more than one run per (precision, arm, seed): "
+              + ", ".join(sorted(duplicated["run"] + " (" + duplicated["experiment"] + ")")), file=sys.stderr)
+        raise SystemExit(2)
     bf16_seeds = sorted(set(_arm_runs(arms, "bf16", "inverse")["seed"]) & set(_arm_runs(arms, "bf16", "recompute")["seed"]))
     reference = versus_recompute(arms, JUDGED, "fp32")
     same_seeds = versus_recompute(arms, JUDGED, "fp32", bf16_seeds)
