@@ -15,6 +15,7 @@ from a3po.benchmark import DEFAULT_ALGOS, main
 from a3po.benchmark.cli import build_parser, options_from
 from a3po.benchmark.harness import CpuClock, TrafficCounter, Variant, measure, summarize
 from a3po.benchmark.results import DOCS_HEADER, append_to_docs
+from a3po.errors import ConfigError
 from a3po.benchmark.workload import StartState, algo_label, padding_stats, parse_algo
 
 from conftest import REPO
@@ -279,7 +280,7 @@ def test_command_line_flags_are_the_options():
     assert options.kernel_tokens == (64, 128) and options.algos == ("coupled", "loglinear:exponential")
     assert options.min_kernel_seconds == 0.5 and options.optimizer_kernels
     for bad in (["--reps", "0"], ["--threads", "0"]):
-        with pytest.raises(SystemExit, match="must be >= 1"):
+        with pytest.raises(ConfigError, match=f"{bad[0]}=0 is not allowed; it must be an integer >= 1"):
             options_from(build_parser().parse_args(bad))
 
 

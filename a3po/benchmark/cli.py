@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import math
 import shlex
 import sys
 import time
@@ -19,7 +20,11 @@ from a3po.benchmark.derive import derive
 from a3po.benchmark.harness import interleaved, load_average, machine_info, summarize_results
 from a3po.benchmark.probes import all_variants, approximation_traffic
 from a3po.benchmark.results import append_to_docs, render_markdown, write_report
-from a3po.benchmark.workload import REPO, BenchmarkOptions, batch_info, build_workload, compose, model_info
+from a3po.benchmark.workload import (CONF_DIR, REPO, BenchmarkOptions, batch_info, build_workload, compose, model_info,
+                                    parse_algo)
+from a3po.errors import EXIT_CONFIG_ERROR, ConfigError
+from a3po.maths.proximal import approximations
+from a3po.maths.schedules import SCHEDULES
 from a3po.run_config import RunConfig
 
 DOCS_PATH = REPO / "docs" / "benchmarks.md"
@@ -69,11 +74,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _require(ok: bool, flag: str, value: Any, allowed: str) -> None:
+    if not ok:
+        shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
+        raise ConfigError(f"--{flag.replace('_', '-')}={shown!r} is not allowed; {allowed}")
+
+
 def options_from(args: argparse.Namespace) -> BenchmarkOptions:
-    for flag in ("reps", "threads"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            raise SystemExit(f"--{flag}={getattr(args, flag)} is not allowed; it must be >= 1")
+    """The options, each held to its range before anything composes or loads. Raises ConfigError
+    naming the flag."""
+    for flag in ("prompt_len", "response_len", "reps", "bandwidth_mib"):
+        _require(getattr(args, flag) >= 1, flag, getattr(args, flag), "it must be an integer >= 1")
+    _require(args.threads is None or args.threads >= 1, "threads", args.threads, "it must be an integer >= 1")
+    _require(args.warmup >= 0, "warmup", args.warmup, "it must be an integer >= 0")
+    _require(0.0 <= args.length_spread < 1.0, "length_spread", args.length_spread, "it must be in [0, 1)")
+    _require(math.isfinite(args.min_kernel_seconds) and args.min_kernel_seconds >= 0, "min_kernel_seconds",
+             args.min_kernel_seconds, "it must be a number >= 0 (seconds)")
+    _require(all(n >= 1 for n in args.kernel_tokens), "kernel_tokens", args.kernel_tokens,
+             "each must be an integer >= 1 (comma-separated)")
+    algos, schedules = (sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")) for group in ("algo", "schedule"))
+    _require(bool(args.algos), "algos", args.algos, f"at least one of {algos} (or algo:schedule)")
+    for spec in args.algos:
+        algo, schedule = parse_algo(spec)
+        _require(algo in algos and schedule in schedules, "algos", args.algos,
+                 f"each must be an algo of {algos}, or algo:schedule with a schedule of {schedules}")
+    for flag, allowed in (("approx_methods", approximations()), ("approx_schedules", tuple(SCHEDULES))):
+        _require(all(name in allowed for name in getattr(args, flag)), flag, getattr(args, flag),
+                 f"each must be one of {list(allowed)} (comma-separated)")
     return BenchmarkOptions(**{option.name: getattr(args, option.name) for option in fields(BenchmarkOptions)})
+
+
+def check_fits(cfg: RunConfig, options: BenchmarkOptions) -> None:
+    """The longest synthetic sequence must fit one micro-batch, as a run's must (a3po.learner.batching)."""
+    longest = options.prompt_len + options.response_len
+    if longest > cfg.train.token_budget:
+        raise ConfigError(f"train.token_budget={cfg.train.token_budget} is not allowed with --prompt-len "
+                          f"{options.prompt_len} and --response-len {options.response_len}: a sequence of {longest} "
+                          "tokens must fit one micro-batch; raise train.token_budget or shorten them")
 
 
 def run_benchmark(cfg: RunConfig, options: BenchmarkOptions, *, command: str = "") -> dict[str, Any]:
@@ -104,10 +141,15 @@ def default_out_dir(cfg: RunConfig, report: dict[str, Any]) -> Path:
 def main(argv: Sequence[str] | None = None, *, program: str = "python -m a3po.benchmark") -> dict[str, Any]:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    options = options_from(args)
+    try:  # bad input fails here, before the model loads (exit 2, one line)
+        options = options_from(args)
+        cfg = compose(args.overrides)  # the benchmark's door: validated and typed from here on
+        check_fits(cfg, options)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG_ERROR) from None
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    cfg = compose(args.overrides)  # the benchmark's door: typed from here on
     report = run_benchmark(cfg, options, command=" ".join([program, *map(shlex.quote, argv)]))
     json_path, md_path = write_report(report, args.out or default_out_dir(cfg, report))
     if args.append_docs:

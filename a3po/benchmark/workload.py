@@ -3,6 +3,7 @@ synthetic batch and the weights every repetition starts from."""
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -14,6 +15,7 @@ import torch
 from a3po.allocator import retain_freed_memory
 from a3po.batch import RolloutBatch, Sample
 from a3po.device import resolve_device, resolve_precision
+from a3po.errors import ConfigError
 from a3po.learner.trainer import Trainer
 from a3po.maths.proximal import approximations
 from a3po.maths.schedules import SCHEDULES
@@ -56,20 +58,50 @@ class BenchmarkOptions:
 
 
 def compose(overrides: Sequence[str] = (), conf_dir: Path = CONF_DIR) -> RunConfig:
-    """The root training config with Hydra-style overrides, typed (the benchmark's door); the
-    task group is dropped because a benchmark batch needs no task (and must not depend on one
-    being installed)."""
+    """The root training config with Hydra-style overrides, validated as a run's start validates
+    it (`validate_composed`) and typed (the benchmark's door); the task group is dropped because
+    a benchmark batch needs no task (and must not depend on one being installed). Raises
+    ConfigError, naming the key (or the group and its options where Hydra cannot compose)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
     import a3po.config  # noqa: F401  (registers the run-name resolver)
 
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-        cfg = hydra_compose(config_name="config", overrides=["~task", *overrides])
-    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            cfg = hydra_compose(config_name="config", overrides=["~task", *overrides])
+        validate_composed(cfg)
+    except (HydraException, OmegaConfBaseException) as err:
+        text = " ".join(str(err).split()).split(" Config search path:")[0]
+        raise ConfigError(f"the overrides {list(overrides)} do not compose: {text}") from None
+    finally:
+        GlobalHydra.instance().clear()
     return RunConfig.of(cfg)
+
+
+def validate_composed(cfg: Any) -> None:
+    """a3po.config.validate_config on the benchmark's config, with what does not apply to a
+    benchmark left out: without a task group (dropped) the task checked is the one
+    `RunConfig.of` gives a partial config, TaskConfig's defaults; and the rollout generates
+    `--response-len` tokens, not `rollout.max_new_tokens` (probes.rollout_variant), so the run's
+    rule `train.token_budget > rollout.max_new_tokens` gives way to the benchmark's own
+    (cli.check_fits: prompt + response within the budget). Every other check is a run's."""
+    from omegaconf import open_dict
+
+    from a3po.config import validate_config
+
+    checked = copy.deepcopy(cfg)
+    with open_dict(checked):
+        if "task" not in checked:
+            checked.task = {}
+        budget, new_tokens = checked.train.get("token_budget"), checked.rollout.get("max_new_tokens")
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in (budget, new_tokens)) and 2 <= budget <= new_tokens:
+            checked.rollout.max_new_tokens = budget - 1
+    validate_config(checked)
 
 
 @lru_cache(maxsize=None)

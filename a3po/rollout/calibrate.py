@@ -12,14 +12,19 @@ with its standard error, e.g.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
+import sys
 import time
+from typing import Sequence
 
 import torch
 
+from a3po.errors import EXIT_CONFIG_ERROR, ConfigError
 from a3po.models import load_policy
 from a3po.rollout.hf import HFEngine
-from a3po.tasks import ANSWER_INSTRUCTION, build_task, encode_prompt
+from a3po.schema import RolloutConfig
+from a3po.tasks import ANSWER_INSTRUCTION, build_task, encode_prompt, validate_task_cfg
 
 
 def measure_mean_reward(
@@ -66,9 +71,44 @@ def measure_mean_reward(
     }
 
 
-def main() -> None:
+# The flags that are the trainer's rollout settings, each held to `rollout.<key>`'s rule
+# (a3po.schema), so calibration samples nothing a run would refuse.
+ROLLOUT_FLAGS = {"temperature": "--temperature", "top_p": "--top-p", "max_new_tokens": "--max-new-tokens"}
+# task.<key> -> the flag that sets it
+TASK_FLAGS = {"name": "--task", "level": "--level", "path": "--path", "operations": "--operations"}
+
+
+def check_args(args: argparse.Namespace) -> dict:
+    """The task config the flags ask for, after every check that needs no model: the counts,
+    the sampling settings (as the training config's rollout group allows them) and the task
+    (a3po.tasks.validate_task_cfg). Raises ConfigError naming the flag."""
+    for flag in ("prompts", "samples", "threads"):
+        value = getattr(args, flag)
+        if value < 1:
+            raise ConfigError(f"--{flag}={value!r} is not allowed; it must be an integer >= 1")
+    if args.seed < 0:
+        raise ConfigError(f"--seed={args.seed!r} is not allowed; it must be an integer >= 0")
+    rules = {f.name: f.metadata for f in dataclasses.fields(RolloutConfig)}
+    for key, flag in ROLLOUT_FLAGS.items():
+        value = getattr(args, key)
+        if not rules[key]["ok"](value):
+            raise ConfigError(f"{flag}={value!r} is not allowed; {rules[key]['allowed']} (as rollout.{key})")
+    task_cfg = {"name": args.task, "level": args.level, "path": args.path}
+    if args.operations:
+        task_cfg["operations"] = args.operations.split(",")
+    try:
+        validate_task_cfg(task_cfg)
+    except ConfigError as err:  # it names task.<key>: name the flag that set it as well
+        key = str(err).split("=")[0].split(" ")[0].removeprefix("task.")
+        flag = TASK_FLAGS.get(key)
+        raise ConfigError(f"{flag}: {err}" if flag else str(err)) from None
+    return task_cfg
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m a3po.rollout.calibrate", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--task", default="arith")
     parser.add_argument("--level", type=int, default=1)
@@ -83,15 +123,21 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--instruction", default=ANSWER_INSTRUCTION, help="to try other prompts")
     parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:  # bad input fails here, before the model loads (exit 2, one line)
+        task_cfg = check_args(args)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG_ERROR) from None
     torch.set_num_threads(args.threads)
     model, tokenizer = load_policy(
         {"name": "smollm2_135m", "source": "smollm2_gguf", "dtype": "float32"}
     )
     model.eval()
-    task_cfg = {"name": args.task, "level": args.level, "path": args.path}
-    if args.operations:
-        task_cfg["operations"] = args.operations.split(",")
     task = build_task(task_cfg, seed=args.seed)
     started = time.perf_counter()
     result = measure_mean_reward(

@@ -29,13 +29,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from a3po.errors import EXIT_CONFIG_ERROR  # noqa: F401  (experiments/train.py reads it here)
 from a3po.learner.update import NonFiniteUpdate  # noqa: F401  (raised by the trainer, recorded here)
 from a3po.metrics import COLLAPSE_STEP, COLLAPSED
 
 DIVERGED_MARKER = "diverged.json"
-# Exit statuses of experiments/train.py: 0 done, 1 a crash (Python's), 2 a config error,
-# 3 the run diverged (recorded in diverged.json).
-EXIT_CONFIG_ERROR = 2
+# Exit statuses of experiments/train.py: 0 done, 1 a crash (Python's), 2 a config error
+# (a3po.errors.EXIT_CONFIG_ERROR, every entry point's), 3 the run diverged (in diverged.json).
 EXIT_DIVERGED = 3
 
 

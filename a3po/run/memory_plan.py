@@ -12,18 +12,20 @@ how docs/scaling.md's tables are made and how a layout is tried before a job is 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
+from a3po.errors import EXIT_CONFIG_ERROR, ConfigError
 from a3po.run.memory import estimate_memory
 from a3po.run_config import RunConfig
 from a3po.run.memory_check import architecture_of, estimate_run, longest_prompt_tokens, verdict
 from a3po.run.memory_model import GIB, Architecture, Estimate
 
-__all__ = ["planned_estimate", "plan", "main"]
+__all__ = ["planned_estimate", "plan", "composition_error", "main"]
 
 
 def _planned_device(name: Any, default: str) -> str:
@@ -68,13 +70,53 @@ def _compose(overrides: Sequence[str]):
         return compose(config_name="config", overrides=list(overrides))
 
 
+def composition_error(err: Exception, overrides: Sequence[str]) -> str:
+    """Hydra's or OmegaConf's error on one line (it names the key or group and, for a group,
+    the options there), without the config search path."""
+    text = " ".join(str(err).split()).split(" Config search path:")[0]
+    return f"the overrides {list(overrides)} do not compose: {text}"
+
+
+def _check(args: argparse.Namespace, overrides: Sequence[str]):
+    """The composed config, after every check that needs no model: the flags' ranges, no
+    misspelt flag left over for Hydra, the config as a run's start validates it
+    (a3po.config.validate_config, and validate_world for `--world` processes). Raises
+    ConfigError naming the flag or key."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from a3po.config import validate_config, validate_world
+
+    flags = [word for word in overrides if word.startswith("-")]
+    if flags:
+        raise ConfigError(f"{flags[0]} is not a flag of python -m a3po.run.memory_plan; its flags: --gpu-memory-gib, "
+                          "--world, --host-memory-gib (the other arguments are Hydra overrides, key=value)")
+    if args.world < 1:
+        raise ConfigError(f"--world={args.world!r} is not allowed; it must be an integer >= 1")
+    for flag in ("gpu_memory_gib", "host_memory_gib"):
+        value = getattr(args, flag)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"--{flag.replace('_', '-')}={value!r} is not allowed; it must be a number > 0 (GiB)")
+    try:
+        cfg = _compose(overrides)
+        validate_config(cfg)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(composition_error(err, overrides)) from None
+    validate_world(cfg, args.world)
+    return cfg
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m a3po.run.memory_plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpu-memory-gib", type=float, help="plan for GPUs of this many GiB (79.6: an H100 80GB)")
     parser.add_argument("--world", type=int, default=1, help="torchrun processes (trainer GPUs) when planning")
     parser.add_argument("--host-memory-gib", type=float, help="host memory to hold the host-side parts against")
     args, overrides = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
-    cfg = _compose(overrides)
+    try:  # bad input fails here, before any estimate (exit 2, one line)
+        cfg = _check(args, overrides)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG_ERROR) from None
     arch, source = architecture_of(cfg.model)
     if arch is None:
         raise SystemExit(f"no estimate: {source}")
@@ -86,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         estimate, level, message = estimate_run(cfg, arch, device), "ok", None
         precision = cfg.precision
     else:
-        host = int(args.host_memory_gib * GIB) if args.host_memory_gib else None
+        host = int(args.host_memory_gib * GIB) if args.host_memory_gib is not None else None
         estimate, level, message = plan(cfg, arch, gpu_bytes=int(args.gpu_memory_gib * GIB), world=args.world,
                                         host_bytes=host)
         precision = "bf16" if cfg.precision == "auto" else cfg.precision  # as planned_estimate plans it

@@ -42,8 +42,7 @@ class CheckSweepConfigs(Callback):
         from omegaconf import OmegaConf
 
         from a3po.config import validate_config
-        from a3po.errors import ConfigError
-        from a3po.run.health import EXIT_CONFIG_ERROR
+        from a3po.errors import EXIT_CONFIG_ERROR, ConfigError
 
         if config.hydra.sweeper.get("_target_") != BASIC_SWEEPER:
             return
