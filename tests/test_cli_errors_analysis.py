@@ -135,3 +135,15 @@ def test_cost_model_a_bad_efficiency_names_the_item(efficiency, shown, capsys):
     assert main(["predict", "--efficiency", efficiency]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(shown) and "\n" not in err
+
+
+@pytest.mark.parametrize("args, shown", [
+    (["--prompts", "0"], "error: --prompts must be a positive count, got 0"),
+    (["--response-len", "5000"], "error: --response-len must be in (0, response_max=1024], got 5000.0"),
+    (["--precision", "fp8"], "error: --precision must be one of ['bf16', 'fp16', 'fp32'], got 'fp8'"),
+])
+def test_cost_model_a_bad_step_shape_names_the_flag(args, shown, capsys):
+    from analysis.cost_model.__main__ import main
+
+    assert main(["predict", *args]) == 2
+    assert capsys.readouterr().err.strip() == shown

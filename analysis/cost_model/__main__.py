@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from dataclasses import fields, replace
 from pathlib import Path
@@ -58,9 +59,12 @@ def _devices(text: str) -> int:
 
 def predict_lines(args: argparse.Namespace) -> list[str]:
     arch, gpu = architecture(args.model), device(args.device)
-    shape = StepShape(prompts=args.prompts, samples=args.samples, prompt_len=args.prompt_len,
-                      response_len=args.response_len, response_max=args.response_max, minibatches=args.minibatches,
-                      precision=args.precision, checkpointing=args.checkpointing)
+    try:
+        shape = StepShape(prompts=args.prompts, samples=args.samples, prompt_len=args.prompt_len,
+                          response_len=args.response_len, response_max=args.response_max,
+                          minibatches=args.minibatches, precision=args.precision, checkpointing=args.checkpointing)
+    except ValueError as error:  # StepShape names its field; the user gave the flag
+        raise ValueError(re.sub(r"StepShape\.(\w+)", lambda m: "--" + m.group(1).replace("_", "-"), str(error))) from None
     flops = gpu.flops(args.precision)
     trainer = Hardware(flops, gpu.bandwidth, args.trainer_devices, link=args.link or float("inf"))
     rollout = Hardware(flops, gpu.bandwidth, args.rollout_devices)
