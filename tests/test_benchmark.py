@@ -279,6 +279,8 @@ def test_command_line_flags_are_the_options():
     assert args.overrides == ["model=tiny"] and not options.rollout and options.progress
     assert options.kernel_tokens == (64, 128) and options.algos == ("coupled", "loglinear:exponential")
     assert options.min_kernel_seconds == 0.5 and options.optimizer_kernels
+    mixed = build_parser().parse_intermixed_args(["model=tiny", "--no-progress", "staleness=1", "--reps", "2"])
+    assert mixed.overrides == ["model=tiny", "staleness=1"] and mixed.reps == 2 and not mixed.progress
     for bad in (["--reps", "0"], ["--threads", "0"]):
         with pytest.raises(ConfigError, match=f"{bad[0]}=0 is not allowed; it must be an integer >= 1"):
             options_from(build_parser().parse_args(bad))

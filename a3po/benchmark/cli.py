@@ -140,7 +140,7 @@ def default_out_dir(cfg: RunConfig, report: dict[str, Any]) -> Path:
 
 def main(argv: Sequence[str] | None = None, *, program: str = "python -m a3po.benchmark") -> dict[str, Any]:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_intermixed_args(argv)  # overrides before and after flags alike
     try:  # bad input fails here, before the model loads (exit 2, one line)
         options = options_from(args)
         cfg = compose(args.overrides)  # the benchmark's door: validated and typed from here on
