@@ -122,9 +122,9 @@ TOP_LEVEL_KEYS = frozenset({*TOP_LEVEL, *AXES, "model", "task", "rollout", "runt
 
 
 def _validate_top(cfg: DictConfig) -> None:
-    unknown = sorted(set(cfg.keys()) - TOP_LEVEL_KEYS)
-    _require(not unknown, unknown[0] if unknown else "", cfg.get(unknown[0]) if unknown else None,
-             f"it is not a key of the config; the top-level keys are {sorted(TOP_LEVEL_KEYS - {'hydra'})}")
+    for key in sorted(set(cfg.keys()) - TOP_LEVEL_KEYS):
+        _require(False, key, cfg.get(key),
+                 f"it is not a key of the config; the top-level keys are {sorted(TOP_LEVEL_KEYS - {'hydra'})}")
     _require(_is_int(cfg.staleness) and cfg.staleness >= 0, "staleness", cfg.staleness, "it must be an integer >= 0")
     _require(_is_int(cfg.seed) and cfg.seed >= 0, "seed", cfg.seed, "it must be an integer >= 0")
     _require(cfg.device in DEVICES, "device", cfg.device, f"allowed: {list(DEVICES)}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from a3po.run.health import EXIT_CONFIG_ERROR
+from a3po.errors import EXIT_CONFIG_ERROR
 
 
 def _refuses(main, argv, capsys) -> str:
