@@ -15,7 +15,7 @@ import torch
 from a3po.allocator import retain_freed_memory
 from a3po.batch import RolloutBatch, Sample
 from a3po.device import resolve_device, resolve_precision
-from a3po.errors import ConfigError
+from a3po.errors import composition_error
 from a3po.learner.trainer import Trainer
 from a3po.maths.proximal import approximations
 from a3po.maths.schedules import SCHEDULES
@@ -76,8 +76,7 @@ def compose(overrides: Sequence[str] = (), conf_dir: Path = CONF_DIR) -> RunConf
             cfg = hydra_compose(config_name="config", overrides=["~task", *overrides])
         validate_composed(cfg)
     except (HydraException, OmegaConfBaseException) as err:
-        text = " ".join(str(err).split()).split(" Config search path:")[0]
-        raise ConfigError(f"the overrides {list(overrides)} do not compose: {text}") from None
+        raise composition_error(err, overrides) from None
     finally:
         GlobalHydra.instance().clear()
     return RunConfig.of(cfg)

@@ -19,13 +19,13 @@ from typing import Any, Sequence
 
 import torch
 
-from a3po.errors import EXIT_CONFIG_ERROR, ConfigError
+from a3po.errors import EXIT_CONFIG_ERROR, ConfigError, composition_error
 from a3po.run.memory import estimate_memory
 from a3po.run_config import RunConfig
 from a3po.run.memory_check import architecture_of, estimate_run, longest_prompt_tokens, verdict
 from a3po.run.memory_model import GIB, Architecture, Estimate
 
-__all__ = ["planned_estimate", "plan", "composition_error", "main"]
+__all__ = ["planned_estimate", "plan", "main"]
 
 
 def _planned_device(name: Any, default: str) -> str:
@@ -70,13 +70,6 @@ def _compose(overrides: Sequence[str]):
         return compose(config_name="config", overrides=list(overrides))
 
 
-def composition_error(err: Exception, overrides: Sequence[str]) -> str:
-    """Hydra's or OmegaConf's error on one line (it names the key or group and, for a group,
-    the options there), without the config search path."""
-    text = " ".join(str(err).split()).split(" Config search path:")[0]
-    return f"the overrides {list(overrides)} do not compose: {text}"
-
-
 def _check(args: argparse.Namespace, overrides: Sequence[str]):
     """The composed config, after every check that needs no model: the flags' ranges, no
     misspelt flag left over for Hydra, the config as a run's start validates it
@@ -101,7 +94,7 @@ def _check(args: argparse.Namespace, overrides: Sequence[str]):
         cfg = _compose(overrides)
         validate_config(cfg)
     except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(composition_error(err, overrides)) from None
+        raise composition_error(err, overrides) from None
     validate_world(cfg, args.world)
     return cfg
 
