@@ -159,6 +159,11 @@ def test_arith_reward_uses_the_numeric_grader():
         ("#### nothing here but 12 earlier", "12", 1.0),
         ("#### 2.5", "2.5", 1.0),
         ("#### 1/2", "0.5", 1.0),
+        ("#### .5", "0.5", 1.0),
+        ("#### \u22125", "-5", 1.0),  # the Unicode minus
+        ("#### -$5", "-5", 1.0),
+        ("#### $ 18", "18", 1.0),
+        ("#### 1,000,000", "1000000", 1.0),
     ],
 )
 def test_reward_grades_the_final_answer(completion, answer, score):
@@ -172,6 +177,22 @@ def test_reward_grades_the_final_answer(completion, answer, score):
 )
 def test_output_without_a_number_is_malformed(garbage):
     assert arith().reward(garbage, "12") == RewardResult(score=0.0, malformed=True)
+
+
+@pytest.mark.parametrize(
+    "completion, extracted",
+    [
+        ("The answer is:\n- 5", "5"),  # a bullet, not a sign
+        ("####\n- 5 coins", "5"),
+        ("8 - 3 = 5, so 9 - 4", "4"),  # a binary minus, not a sign
+        ("#### -5", "-5"),
+        ("#### 1,2345", "1"),  # a comma group is three digits: never the run cut to 1234
+        ("#### 12,34", "12"),
+        ("#### 1,000.50", "1000.50"),
+    ],
+)
+def test_extract_answer_reads_signs_and_separators_as_written(completion, extracted):
+    assert extract_answer(completion) == extracted
 
 
 def test_extract_answer_bounds_digit_runs():
@@ -262,7 +283,8 @@ def test_gsm8k_from_a_directory_with_train_and_test_files(tmp_path):
     (tmp_path / "main" / "test.jsonl").write_text("\n".join(lines[6:]) + "\n")
     task = build_task({"name": "gsm8k", "path": str(tmp_path)}, seed=0)
     assert len(task.train) == 6
-    assert questions(task.eval_problems(10)) == [json.loads(line)["question"] for line in lines[6:]]
+    held_out = [json.loads(line)["question"] for line in lines[6:]]
+    assert sorted(questions(task.eval_problems(10))) == sorted(held_out)  # the test file, in eval order
 
 
 def test_gsm8k_from_parquet(tmp_path):

@@ -66,6 +66,7 @@ def test_the_gsm8k_export_loads_as_gsm8k_and_grades_alike(tmp_path):
     assert len(records) == 12 * 10 * 2 * 64 and records[0]["answer"].startswith("#### ")
     gsm8k = build_task({"name": "gsm8k", "path": str(path)}, 0)
     words = build_task({"name": "words", "operations": ["mul"]}, 0)
+    assert gsm8k.eval_problems(288) == words.eval_problems(288)  # the same problems, in the same order
     problem = gsm8k.eval_problems(1)[0]
     for completion in (f"So it is {problem.answer}. #### {problem.answer}", "#### 1000", "no number"):
         assert gsm8k.reward(completion, problem.answer) == words.reward(completion, problem.answer)

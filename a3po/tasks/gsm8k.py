@@ -20,7 +20,7 @@ import numpy as np
 from a3po.errors import ConfigError
 from a3po.tasks.base import Problem, RewardResult
 from a3po.tasks.reward import ANSWER_MARKER, numeric_reward
-from a3po.tasks.splits import DEFAULT_HELD_OUT_FRACTION, is_held_out, step_rng
+from a3po.tasks.splits import DEFAULT_HELD_OUT_FRACTION, in_eval_order, is_held_out, step_rng
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 DEFAULT_HUB_ID = "openai/gsm8k"
@@ -228,9 +228,8 @@ class GSM8KTask:
     held_out: list[Problem] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.train, self.held_out = load_gsm8k(
-            self.path, self.hub_id, self.hub_config, self.held_out_fraction
-        )
+        self.train, held_out = load_gsm8k(self.path, self.hub_id, self.hub_config, self.held_out_fraction)
+        self.held_out = in_eval_order(held_out)
         if not self.train or not self.held_out:
             raise ConfigError(
                 f"task.path={self.path!r} gives {len(self.train)} training and "
@@ -260,6 +259,7 @@ class GSM8KTask:
         return order
 
     def eval_problems(self, n: int) -> list[Problem]:
+        """The first `n` of the held-out split in its fixed shuffled order, the same for every seed."""
         return self.held_out[:n]
 
     def reward(self, completion: str, answer: str) -> RewardResult:

@@ -17,11 +17,14 @@ import re
 from a3po.tasks.base import RewardResult
 
 ANSWER_MARKER = "####"
-# Optional sign, optional currency, digits with thousands separators, then an optional
-# decimal part or a fraction denominator. Lengths are capped so a pathological digit run
+# An optional sign written against the number (ASCII or Unicode minus: "- 5" is a bullet or a
+# subtraction, not -5), optional currency, then digits with thousands separators of exactly three
+# digits ("1,2345" is 1 and 2345, never 1234), then an optional decimal part or a fraction
+# denominator; or a bare decimal part (".5"). Lengths are capped so a pathological digit run
 # cannot make sympy slow.
 NUMBER_PATTERN = re.compile(
-    r"(?<![\w.])-?\$?\s?\d{1,24}(?:,\d{3}){0,8}(?:\.\d{1,12}|/\d{1,12})?"
+    r"(?<![\w.])[-\u2212]?(?:\$\s?)?"
+    r"(?:\d{1,24}(?:,\d{3}(?!\d)){0,8}(?:\.\d{1,12}|/\d{1,12})?|\.\d{1,12})"
 )
 
 
@@ -50,7 +53,7 @@ def extract_answer(completion: str) -> str | None:
 
 
 def _clean_number(text: str) -> str:
-    return text.replace("$", "").replace(" ", "").replace(",", "")
+    return text.replace("\u2212", "-").replace("$", "").replace(" ", "").replace(",", "")
 
 
 @functools.lru_cache(maxsize=65536)

@@ -31,3 +31,10 @@ def step_rng(seed: int, step: int, *extra: int) -> np.random.Generator:
 
 def eval_rng(*extra: int) -> np.random.Generator:
     return task_rng(Stream.TASK_EVAL, EVAL_SEED, *extra)
+
+
+def in_eval_order(held_out: list) -> list:
+    """The held-out problems in a fixed shuffled order (seeded by their count alone), so the first
+    n a run evaluates are a uniform sample of the split whatever order its source listed them in."""
+    order = eval_rng(len(held_out)).permutation(len(held_out))
+    return [held_out[int(i)] for i in order]

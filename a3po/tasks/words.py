@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from a3po.errors import ConfigError
 from a3po.tasks.base import Problem, RewardResult
 from a3po.tasks.reward import numeric_reward
-from a3po.tasks.splits import DEFAULT_HELD_OUT_FRACTION, eval_rng, is_held_out, step_rng
+from a3po.tasks.splits import DEFAULT_HELD_OUT_FRACTION, in_eval_order, is_held_out, step_rng
 
 __all__ = ["OPERATIONS", "WordsTask", "word_problems", "words_split"]
 
@@ -70,8 +70,7 @@ def words_split(operations: tuple[str, ...], held_out_fraction: float
     problems = word_problems(operations)
     train = tuple(p for p in problems if not is_held_out(p.question, held_out_fraction))
     held_out = [p for p in problems if is_held_out(p.question, held_out_fraction)]
-    order = eval_rng(len(held_out)).permutation(len(held_out))
-    return train, tuple(held_out[int(i)] for i in order)
+    return train, tuple(in_eval_order(held_out))
 
 
 def check_operations(operations) -> tuple[str, ...]:
