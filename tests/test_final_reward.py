@@ -87,8 +87,18 @@ def test_the_report_command_writes_every_section(tmp_path):
                     "## Figures", "## Deviations from the pre-registration (`docs/studies/final_reward.md`)"):
         assert heading in text
     assert re.search(r"\| R +\|.*\| +\*\*inconclusive\*\* \|", text)
+    assert re.search(r"\| R' +\|.*\| +descriptive \(no difference shown\) \|", text)  # no claim: unbolded
     assert re.search(r"a TOST at ±0.12 needs [\d,]+ seeds for 80% power", text)
     assert (figures / "final_reward_reward_d8.png").exists()
+
+
+def test_the_plateau_check_with_fewer_than_two_recompute_runs_says_it_cannot_be_computed(tmp_path):
+    root = _sweep(tmp_path / "s", lambda arm, seed: 0.8, stopped_at={("recompute", s): 8 for s in SEEDS[1:]})
+    out = tmp_path / "report.md"
+    assert main([str(root), "--out", str(out), "--figures-dir", str(tmp_path / "figures")]) == 0
+    text = out.read_text()
+    assert "Cannot be computed: 1 recompute run(s) with both evals, and an interval needs 2 (bound 0.05)." in text
+    assert "still rising" not in text
 
 
 def test_the_stopping_rule_reads_the_seeds_ended_in_both_arms_and_lists_the_rest(tmp_path):

@@ -76,8 +76,11 @@ def plateau(runs: pd.DataFrame) -> dict:
 
 
 def _verdict_table(tests: pd.DataFrame) -> str:
+    """R's verdict in bold; R', registered as descriptive (no claim, no alpha), shows its interval's
+    direction unbolded."""
     rows = [[r["label"], r["quantity"], r["n"], f"{fmt(r['effect'], 3)} [{fmt(r['low'], 3)}, {fmt(r['high'], 3)}]",
-             fmt(r["p"], 2), f"**{r['verdict']}**"] for _, r in tests.iterrows()]
+             fmt(r["p"], 2), f"**{r['verdict']}**" if r["label"] == REWARD.label else f"descriptive ({r['verdict']})"]
+            for _, r in tests.iterrows()]
     return markdown_table(["test", "quantity", "seeds", "inverse - recompute [95% CI]", "p", "**verdict**"], rows,
                           numeric_from=2)
 
@@ -87,6 +90,16 @@ def _arm_table(runs: pd.DataFrame) -> str:
              f"{fmt(rows[REWARD.column].std(), 2)}"] for arm in ARMS for rows in [runs[runs["arm"] == arm]]]
     return markdown_table(["arm", "runs", "collapsed or diverged", "last_evals_reward (mean ± sd)"], rows,
                           numeric_from=1)
+
+
+def _plateau_line(check: dict) -> str:
+    gain = check["interval"]
+    if not gain.known:
+        return (f"Cannot be computed: {gain.n} recompute run(s) with both evals, and an interval needs 2 "
+                f"(bound {PLATEAU_GAIN:g}).")
+    return (f"{fmt(gain.mean, 3)} [{fmt(gain.low, 3)}, {fmt(gain.high, 3)}] over {gain.n} seeds: "
+            + ("**holds**" if check["holds"] else "**does not hold**: R is the reward after 80 steps, recompute "
+               "still rising") + f" (bound {PLATEAU_GAIN:g}).")
 
 
 def _more_seeds_line(verdict: str, decide: pd.DataFrame) -> str:
@@ -109,7 +122,6 @@ def report(args: argparse.Namespace) -> list[str]:
     seeds = registered_seeds("final_reward")
     runs, left_out = seeds_ended_in_every_arm(study_runs(df, seeds), seeds, list(ARMS))
     tests, check = judged(runs), plateau(runs)
-    gain = check["interval"]
     decide = what_would_decide(tests.iloc[:1])
     diverged = [line, ""] if (line := diverged_line(runs, REWARD.column)) else []
     return [f"# Is A-3PO's final reward within ±{MARGIN:g} of recompute's? (d = {STALENESS})", "",
@@ -123,9 +135,7 @@ def report(args: argparse.Namespace) -> list[str]:
             f"R is the registered test (TOST at ±{MARGIN:g}, alone in its family: α 0.05); R' is descriptive. "
             "\"Inconclusive\" never counts as equivalence.", "", _verdict_table(tests), "",
             "## Plateau check (recompute: last eval - the one before)", "",
-            f"{fmt(gain.mean, 3)} [{fmt(gain.low, 3)}, {fmt(gain.high, 3)}] over {gain.n} seeds: "
-            + ("**holds**" if check["holds"] else "**does not hold**: R is the reward at the last step, recompute "
-               "still rising") + f" (bound {PLATEAU_GAIN:g}).", "",
+            _plateau_line(check), "",
             "## What more seeds would decide", "",
             _more_seeds_line(tests.iloc[0]["verdict"], decide), "",
             "## Figures", "", figures_markdown(arm_figures(rows_of(df, runs), STALENESS, args.figures_dir, "final_reward", "Final reward"),
