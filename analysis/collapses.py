@@ -74,11 +74,13 @@ def collapse_table(family: pd.DataFrame) -> str:
 
 def cell_arm_table(runs: pd.DataFrame, arms: Sequence[str], columns: Sequence[str]) -> str:
     """Descriptive, per cell, for recompute and each arm of `arms`: runs, collapses, and the mean ± sd
-    of `columns`."""
+    of `columns`, with `(n=k)` where a mean covers fewer runs than the row (a run that diverged
+    before the steady window has no steady value)."""
     rows = []
     for (lr, m), cell in runs.groupby(CELL):
         for arm in (BASELINE, *arms):
             ours = cell[cell["arm"] == arm]
             rows.append([f"{lr:g}", m, arm, len(ours), int(ours["collapsed"].sum()),
-                         *(fmt_spread(ours[c]) for c in columns)])
+                         *(fmt_spread(ours[c]) + (f" (n={ours[c].count()})" if ours[c].count() < len(ours) else "")
+                           for c in columns)])
     return markdown_table(["lr", "minibatches", "arm", "runs", "collapsed", *columns], rows, numeric_from=3)

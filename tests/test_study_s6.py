@@ -173,6 +173,12 @@ def test_stress_collapses_by_fisher_with_holm(tmp_path):
     table = cell_arm_table(runs, ARMS, STRESS_COLUMNS)
     assert re.search(r"\| 3e-05 +\| 4 +\| recompute +\| +4 \| +4 \| +0.275 ± 0.0015 \|", table)  # evals 0.5, 0.05
     assert re.search(r"\| 1e-05 +\| 4 +\| recompute +\| +1 \| +0 \| +0.601 \|", table)  # one run: no spread
+    assert re.search(r"\| +iw_min \|", table)
+    assert re.search(r"\| 3e-05 +\| 4 +\| inverse +\| +4 \| +0 \| +0.55 ± 0.0015 \| 1.5 ± 0.003 \| 0.801 ± 0.003 \|", table)
+    early = runs.index[(runs["lr"] == 3e-5) & (runs["arm"] == "recompute")][0]  # as if it diverged before step d
+    runs.loc[early, ["iw_max", "iw_min", "total_ratio_max", "total_ratio_min"]] = float("nan")
+    assert re.search(r"\| 3e-05 +\| 4 +\| recompute +\| +4 \| +4 \| +0.275 ± 0.0015 \| +3 ± [\d.]+ \(n=3\) \|",
+                     cell_arm_table(runs, ARMS, STRESS_COLUMNS))
 
 
 def test_the_report_command_writes_every_section(tmp_path):

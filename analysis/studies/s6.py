@@ -182,7 +182,7 @@ def power_lines(family: pd.DataFrame, scalars: pd.DataFrame, staleness: int) -> 
     return lines
 
 
-STRESS_COLUMNS = ("last_evals_reward", "iw_max", "total_ratio_max", "total_ratio_min")  # tier B, descriptive
+STRESS_COLUMNS = ("last_evals_reward", "iw_max", "iw_min", "total_ratio_max", "total_ratio_min")  # tier B, descriptive
 
 
 def _command(args: argparse.Namespace) -> str:
