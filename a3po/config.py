@@ -136,6 +136,9 @@ def _validate_top(cfg: DictConfig) -> None:
     memory_check = memory_check_mode(cfg.get("memory_check", "error"))  # absent (an older config): the default
     _require(memory_check in MEMORY_CHECK_MODES, "memory_check", memory_check,
              f"allowed: {list(MEMORY_CHECK_MODES)} (error: refuse a run that cannot fit; warn: only say so; off: no estimate)")
+    wait = cfg.get("memory_check_wait_min", 0)
+    _require(isinstance(wait, (int, float)) and not isinstance(wait, bool) and 0 <= wait < float("inf"),
+             "memory_check_wait_min", wait, "it must be a number of minutes >= 0 (0: refuse at once)")
 
 
 def _validate_train(train: DictConfig) -> None:

@@ -45,6 +45,7 @@ RESULT_NEUTRAL_KEYS = (
     "output_root",
     "on_config_change",
     "memory_check",  # whether a run that may not fit starts; a run that starts computes the same
+    "memory_check_wait_min",  # how long it waits for memory first
     "train.max_steps_this_run",
     "train.checkpoint_every",
     "train.keep_checkpoint",

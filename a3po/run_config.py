@@ -85,6 +85,7 @@ class RunConfig:
     output_root: str
     on_config_change: str
     memory_check: Any
+    memory_check_wait_min: float
     algo: Choice
     schedule: Choice
     correction: Choice
@@ -124,7 +125,8 @@ class RunConfig:
 AXES = ("algo", "schedule", "correction", "objective")  # the groups a Choice holds
 # conf/config.yaml's top-level values (tests/test_run_config.py holds them equal), for a partial config.
 TOP_LEVEL = {"experiment_name": "default", "run_name": "", "seed": 0, "staleness": 2, "device": "auto",
-             "precision": "auto", "output_root": "outputs", "on_config_change": "error", "memory_check": "error"}
+             "precision": "auto", "output_root": "outputs", "on_config_change": "error", "memory_check": "error",
+             "memory_check_wait_min": 0}
 
 
 def rollout_of(group: Any) -> RolloutConfig | VLLMRolloutConfig:

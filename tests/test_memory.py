@@ -16,7 +16,8 @@ from omegaconf import OmegaConf
 import a3po.run.memory_check as check
 from a3po.errors import ConfigError
 from a3po.run.memory import estimate_memory
-from a3po.run.memory_check import architecture_of, cgroup_room, parse_meminfo, verdict
+from a3po.run.memory_check import architecture_of, verdict, wait_for_room
+from a3po.run.memory_room import cgroup_room, parse_meminfo
 from a3po.run.memory_model import MIB, MMAP_THRESHOLD_MAX, PHASES, SMOLLM2_135M, Estimate, Part, architecture_from
 from a3po.run.main import run, run_dir_of
 from a3po.run.rundir import config_differences, holds_only_hydra_output, remove_refused_job_dir
@@ -238,6 +239,61 @@ def test_an_old_run_directory_without_the_key_still_compares_equal(tiny_cfg):
     old = {k: v for k, v in new.items() if k != "memory_check"}
     assert config_differences(old, new) == []
     assert config_differences(new, {**new, "memory_check": "off"}) == []  # result-neutral
+    assert config_differences({k: v for k, v in new.items() if k != "memory_check_wait_min"}, new) == []
+    assert config_differences(new, {**new, "memory_check_wait_min": 20}) == []
+
+
+# --- waiting for memory another job holds (memory_check_wait_min) -------------------------------
+
+class FakeClock:
+    """time.monotonic and time.sleep for a3po.run.memory_check: sleeping moves the clock."""
+
+    def __init__(self, monkeypatch):
+        self.now, self.sleeps = 0.0, []
+        monkeypatch.setattr(check.time, "monotonic", lambda: self.now)
+        monkeypatch.setattr(check.time, "sleep", self.sleep)
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_a_waiting_run_starts_once_the_memory_frees(monkeypatch, caplog):
+    clock = FakeClock(monkeypatch)
+    free = iter([800, 800, 800, 10_000])  # bytes the host gives at each ask
+    monkeypatch.setattr(check, "available_memory", lambda device: (next(free), "MemAvailable"))
+    est = Estimate((Part("weights", 900, ("model",), "always"),))
+    with caplog.at_level(logging.WARNING, logger="a3po.run.memory_check"):
+        assert wait_for_room(est, ["cpu"], wait_min=5) == ("ok", None, 90.0)
+    assert clock.sleeps == [30.0, 30.0, 30.0]
+    assert caplog.text.count("Waiting up to 5 min") == 1 and "freed after 1.5 min" in caplog.text
+
+
+def test_a_wait_ends_at_its_limit_and_zero_does_not_wait(monkeypatch):
+    clock = FakeClock(monkeypatch)
+    monkeypatch.setattr(check, "available_memory", lambda device: (800, "MemAvailable"))
+    est = Estimate((Part("weights", 900, ("model",), "always"),))
+    level, _, waited = wait_for_room(est, ["cpu"], wait_min=1.25, poll_s=30)
+    assert (level, waited, clock.sleeps) == ("error", 75.0, [30.0, 30.0, 15.0])  # the last sleep ends at the limit
+    clock.sleeps.clear()
+    assert wait_for_room(est, ["cpu"], wait_min=0)[::2] == ("error", 0.0) and clock.sleeps == []
+
+
+def test_a_run_that_waited_in_vain_says_so_and_leaves_nothing(tiny_cfg, monkeypatch):
+    clock = FakeClock(monkeypatch)
+    cfg = tiny_cfg("train.n_prompts=100000", "memory_check_wait_min=2")
+    with pytest.raises(ConfigError, match=r"It waited 2\.0 min \(memory_check_wait_min=2\)\. .*memory_check_wait_min"):
+        run(cfg)
+    assert sum(clock.sleeps) == 120 and not run_dir_of(cfg).exists()
+    clock.sleeps.clear()
+    warn = tiny_cfg("train.n_prompts=100000", "memory_check_wait_min=2", "memory_check=warn")
+    assert check.check_memory(warn, "cpu") is not None and clock.sleeps == []  # warn starts at once
+
+
+@pytest.mark.parametrize("value", ["-1", "abc", "true", ".inf"])
+def test_memory_check_wait_min_is_validated(tiny_cfg, value):
+    with pytest.raises(ConfigError, match=r"memory_check_wait_min=.* is not allowed; it must be a number of minutes >= 0"):
+        run(tiny_cfg(f"memory_check_wait_min={value}"))
 
 
 # --- a refused run leaves no directory ----------------------------------------------------------

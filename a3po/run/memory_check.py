@@ -11,17 +11,18 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
 from a3po.config import memory_check_mode
 from a3po.errors import ConfigError
 from a3po.run.memory import estimate_memory
+from a3po.run.memory_room import available_memory
 from a3po.run_config import ModelConfig, RunConfig, TaskConfig
 from a3po.run.memory_model import PUBLISHED_CONFIGS, SMOLLM2_135M, Architecture, Estimate, Part, architecture_from, format_bytes
 
-__all__ = ["architecture_of", "longest_prompt_tokens", "available_memory", "host_available", "parse_meminfo",
-           "cgroup_room", "verdict", "estimate_run", "check_memory", "WARN_SHARE"]
+__all__ = ["architecture_of", "longest_prompt_tokens", "verdict", "estimate_run", "check_memory", "WARN_SHARE"]
 
 log = logging.getLogger(__name__)
 
@@ -136,83 +137,6 @@ def _longest_prompt_tokens(task_json: str, model_json: str) -> tuple[int, str]:
     return TEMPLATE_TOKENS_BOUND + GSM8K_QUESTION_TOKENS_BOUND, "a bound (no tokenizer on this machine)"
 
 
-# --- what the machine has -------------------------------------------------------------------------
-UNLIMITED = 2**60  # a cgroup "limit" at or above this is none (v1 writes 2^63 rounded to pages)
-
-
-def parse_meminfo(text: str) -> dict[str, int]:
-    """/proc/meminfo as bytes by name."""
-    values = {}
-    for line in text.splitlines():
-        name, _, rest = line.partition(":")
-        fields = rest.split()
-        if fields and fields[0].isdigit():
-            values[name.strip()] = int(fields[0]) * (1024 if fields[1:2] == ["kB"] else 1)
-    return values
-
-
-def cgroup_room(limit: str, usage: str, stat: str) -> int | None:
-    """What a memory cgroup leaves: its limit less what it uses, the reclaimable page cache
-    (inactive_file) not counted as used; None where it has no limit. Takes the files' texts:
-    v2's memory.max, memory.current, memory.stat, or v1's memory.limit_in_bytes,
-    memory.usage_in_bytes, memory.stat."""
-    limit = limit.strip()
-    if limit in ("", "max") or int(limit) >= UNLIMITED:
-        return None
-    inactive = 0
-    for line in stat.splitlines():
-        name, _, value = line.partition(" ")
-        if name in ("inactive_file", "total_inactive_file"):
-            inactive = max(inactive, int(value))
-    return max(0, int(limit) - max(0, int(usage.strip() or 0) - inactive))
-
-
-def _cgroup_dirs(root: Path = Path("/sys/fs/cgroup")) -> list[tuple[Path, tuple[str, str, str]]]:
-    """This process's memory cgroup directories (v2 and v1, the process's own path and the
-    namespace's root, where a container sees only that), with the files' names."""
-    v2, v1 = ("memory.max", "memory.current", "memory.stat"), ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.stat")
-    dirs: list[tuple[Path, tuple[str, str, str]]] = []
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        lines = []
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if controllers == "":
-            dirs += [(root / path.lstrip("/"), v2), (root, v2)]
-        elif "memory" in controllers.split(","):
-            dirs += [(root / "memory" / path.lstrip("/"), v1), (root / "memory", v1)]
-    return dirs
-
-
-def host_available() -> tuple[int, str]:
-    """Bytes this process may still take on the host, and where the figure came from:
-    MemAvailable, or less where a memory cgroup limit leaves less."""
-    available = parse_meminfo(Path("/proc/meminfo").read_text()).get("MemAvailable")
-    where = "MemAvailable in /proc/meminfo"
-    if available is None:  # not Linux, or a kernel before 3.14: no check
-        return UNLIMITED, "no MemAvailable"
-    for directory, names in _cgroup_dirs():
-        try:
-            texts = [(directory / name).read_text() for name in names]
-        except OSError:
-            continue
-        room = cgroup_room(*texts)
-        if room is not None and room < available:
-            available, where = room, f"the memory cgroup's limit less its use ({directory / names[0]})"
-    return available, where
-
-
-def available_memory(device: str) -> tuple[int, str]:
-    """What `device` ("cpu", "cuda:0") can still give this run, and where the figure came from."""
-    if device.startswith("cuda"):
-        import torch
-
-        free, _ = torch.cuda.mem_get_info(torch.device(device))
-        return free, f"torch.cuda.mem_get_info({device!r}) free"
-    return host_available()
-
-
 # --- the check -------------------------------------------------------------------------------------
 def _part_line(part: Part) -> str:
     keys = f" ({', '.join(part.keys)})" if part.keys else ""
@@ -265,13 +189,38 @@ def estimate_run(cfg: Any, arch: Architecture, trainer_device: Any, world: int =
                            gemms_in_float32=(bf16_gemm_in_float32(trainer), bf16_gemm_in_float32(on_rollout)))
 
 
+# How often a run that waits for memory (memory_check_wait_min) asks again, in seconds.
+WAIT_POLL_S = 30.0
+
+
+def wait_for_room(estimate: Estimate, devices: list[str], wait_min: float,
+                  poll_s: float = WAIT_POLL_S) -> tuple[str, str | None, float]:
+    """`verdict` for `devices`, asked again every `poll_s` seconds while it is an error, for at
+    most `wait_min` minutes: a task of a SLURM array that starts while another job, or a
+    process outside SLURM, still holds the memory it needs. Returns the last verdict and the
+    seconds waited."""
+    start, waited = time.monotonic(), 0.0
+    while True:
+        level, message = verdict(estimate, {device: available_memory(device) for device in devices})
+        if level != "error" or waited >= 60 * wait_min:
+            if waited and level != "error":
+                log.warning("memory check: the memory freed after %.1f min of waiting", waited / 60)
+            return level, message, waited
+        if not waited:
+            log.warning("%s Waiting up to %s min for it to free (memory_check_wait_min), asking every %.0f s.",
+                        message, wait_min, poll_s)
+        time.sleep(min(poll_s, 60 * wait_min - waited))
+        waited = time.monotonic() - start
+
+
 def check_memory(cfg: Any, trainer_device: Any, world: int = 1, is_main: bool = True) -> Estimate | None:
     """The start-up check (a3po.run.main.run, after precision and device are resolved, before
     the run directory is claimed): ConfigError where the estimated peak exceeds what a device
-    has (`memory_check=error`), a warning where it does or comes within 20% of it, nothing with
-    `memory_check=off`. Returns the estimate (None where it was skipped). A rank other than
-    rank 0 (`is_main`) holds no rollout: it checks its own device and the host only, and never
-    opens a CUDA context on the rollout's GPU by asking it for its free memory."""
+    has (`memory_check=error`; after waiting up to `memory_check_wait_min` minutes for it to
+    free), a warning where it does or comes within 20% of it, nothing with `memory_check=off`.
+    Returns the estimate (None where it was skipped). A rank other than rank 0 (`is_main`)
+    holds no rollout: it checks its own device and the host only, and never opens a CUDA
+    context on the rollout's GPU by asking it for its free memory."""
     cfg = RunConfig.of(cfg)  # typed (as is when it already is)
     mode = memory_check_mode(cfg.memory_check)
     if mode == "off":
@@ -285,10 +234,13 @@ def check_memory(cfg: Any, trainer_device: Any, world: int = 1, is_main: bool = 
 
     own = {"cpu", _device_name(torch.device(trainer_device))}
     checked = [device for device in estimate.devices() if is_main or device in own]
-    level, message = verdict(estimate, {device: available_memory(device) for device in checked})
+    wait_min = cfg.memory_check_wait_min if mode == "error" else 0
+    level, message, waited_s = wait_for_room(estimate, checked, wait_min)
     if level == "error" and mode == "error":
-        raise ConfigError(f"{message} Lower the keys that drive the largest parts, or set memory_check=warn to start "
-                          "anyway (memory_check=off skips the estimate; docs/design.md, \"Memory check\")")
+        waited = f" It waited {waited_s / 60:.1f} min (memory_check_wait_min={wait_min})." if waited_s else ""
+        raise ConfigError(f"{message}{waited} Lower the keys that drive the largest parts, set memory_check_wait_min "
+                          "to wait for memory another job holds, or set memory_check=warn to start anyway "
+                          "(memory_check=off skips the estimate; docs/design.md, \"Memory check\")")
     if level != "ok":
         log.warning("%s%s", message, " Starting anyway (memory_check=warn)." if level == "error" else
                     " Within 20% of the limit: starting.")

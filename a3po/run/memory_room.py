@@ -1,0 +1,84 @@
+"""What the machine can still give a run (a3po.run.memory_check holds the estimate against it): on
+a CPU `MemAvailable`, or less where the process's memory cgroup has a limit; on a GPU the free
+memory `torch.cuda.mem_get_info` reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["UNLIMITED", "parse_meminfo", "cgroup_room", "host_available", "available_memory"]
+
+UNLIMITED = 2**60  # a cgroup "limit" at or above this is none (v1 writes 2^63 rounded to pages)
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """/proc/meminfo as bytes by name."""
+    values = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        fields = rest.split()
+        if fields and fields[0].isdigit():
+            values[name.strip()] = int(fields[0]) * (1024 if fields[1:2] == ["kB"] else 1)
+    return values
+
+
+def cgroup_room(limit: str, usage: str, stat: str) -> int | None:
+    """What a memory cgroup leaves: its limit less what it uses, the reclaimable page cache
+    (inactive_file) not counted as used; None where it has no limit. Takes the files' texts:
+    v2's memory.max, memory.current, memory.stat, or v1's memory.limit_in_bytes,
+    memory.usage_in_bytes, memory.stat."""
+    limit = limit.strip()
+    if limit in ("", "max") or int(limit) >= UNLIMITED:
+        return None
+    inactive = 0
+    for line in stat.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("inactive_file", "total_inactive_file"):
+            inactive = max(inactive, int(value))
+    return max(0, int(limit) - max(0, int(usage.strip() or 0) - inactive))
+
+
+def _cgroup_dirs(root: Path = Path("/sys/fs/cgroup")) -> list[tuple[Path, tuple[str, str, str]]]:
+    """This process's memory cgroup directories (v2 and v1, the process's own path and the
+    namespace's root, where a container sees only that), with the files' names."""
+    v2, v1 = ("memory.max", "memory.current", "memory.stat"), ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.stat")
+    dirs: list[tuple[Path, tuple[str, str, str]]] = []
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            dirs += [(root / path.lstrip("/"), v2), (root, v2)]
+        elif "memory" in controllers.split(","):
+            dirs += [(root / "memory" / path.lstrip("/"), v1), (root / "memory", v1)]
+    return dirs
+
+
+def host_available() -> tuple[int, str]:
+    """Bytes this process may still take on the host, and where the figure came from:
+    MemAvailable, or less where a memory cgroup limit leaves less."""
+    available = parse_meminfo(Path("/proc/meminfo").read_text()).get("MemAvailable")
+    where = "MemAvailable in /proc/meminfo"
+    if available is None:  # not Linux, or a kernel before 3.14: no check
+        return UNLIMITED, "no MemAvailable"
+    for directory, names in _cgroup_dirs():
+        try:
+            texts = [(directory / name).read_text() for name in names]
+        except OSError:
+            continue
+        room = cgroup_room(*texts)
+        if room is not None and room < available:
+            available, where = room, f"the memory cgroup's limit less its use ({directory / names[0]})"
+    return available, where
+
+
+def available_memory(device: str) -> tuple[int, str]:
+    """What `device` ("cpu", "cuda:0") can still give this run, and where the figure came from."""
+    if device.startswith("cuda"):
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return free, f"torch.cuda.mem_get_info({device!r}) free"
+    return host_available()
