@@ -20,7 +20,8 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 
-__all__ = ["Metric", "METRICS", "declaration_of", "reduction_of", "COLLAPSED", "COLLAPSE_STEP", "DIVERGED"]
+__all__ = ["Metric", "METRICS", "declaration_of", "reduction_of", "is_machine_figure", "COLLAPSED", "COLLAPSE_STEP",
+           "DIVERGED"]
 
 
 @dataclass(frozen=True)
@@ -117,12 +118,25 @@ METRICS: tuple[Metric, ...] = (
              "time/rollout", "time/prox_logp", "time/prox_reference", "time/fidelity", "time/train", "time/weight_sync",
              "time/eval",
              "time/checkpoint", "time/warmup"),
+    *_family("loop", "step", "GiB of this process's memory after the step (rank 0's; a3po.run.memory_room): resident "
+             "now and its peak since the process started (VmRSS, VmHWM)", "memory/host_rss", "memory/host_peak"),
+    *_family("loop", "step", "GiB on the trainer's CUDA device: the most torch has allocated since the process "
+             "started, and what its caching allocator holds now", "memory/cuda_peak", "memory/cuda_reserved"),
     Metric("runtime/shared_device", "runtime", "step", "async: 1 when rollout and training share one CUDA device "
            "(each thread's phase times include the other's kernels; docs/design.md, Timing keys)"),
     Metric(COLLAPSED, "loop", "step", "1 when the policy has collapsed (a3po.run.health), else 0"),
     Metric(COLLAPSE_STEP, "loop", "step", "while collapsed: the first step of the collapse"),
     Metric(DIVERGED, "loop", "step", "1 on the one line a diverged run logs for the step it stopped at"),
 )
+
+
+# Keys that measure the machine (time, memory), not the run's arithmetic: two runs that compute
+# the same numbers (one resumed, one not; one rank or two) log different values for them.
+MACHINE_PREFIXES = ("time/", "memory/")
+
+
+def is_machine_figure(key: str) -> bool:
+    return key == "wall_time" or key.startswith(MACHINE_PREFIXES)
 
 
 def declaration_of(key: str) -> Metric:

@@ -9,6 +9,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 import a3po.config  # noqa: F401  (registers the run-name resolver)
+from a3po.metrics import is_machine_figure
 
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"
@@ -65,3 +66,9 @@ def earnable_reward(monkeypatch):
     import a3po.rollout.producer
 
     monkeypatch.setattr(a3po.rollout.producer.RolloutProducer, "score", even_token_share)
+
+
+def comparable(records: list[dict], *prefixes: str) -> list[dict]:
+    """Log records without what measures the machine (time, memory: a3po.metrics.is_machine_figure)
+    or starts with `prefixes`: what two runs computing the same numbers must log alike."""
+    return [{k: v for k, v in r.items() if not is_machine_figure(k) and not k.startswith(prefixes)} for r in records]

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import comparable
+
 pytestmark = pytest.mark.distributed
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,7 +89,7 @@ def _largest_update(run_dir: Path) -> float:
 
 
 def _comparable(record: dict) -> dict:
-    return {k: v for k, v in record.items() if not k.startswith("time/") and k != "wall_time"}
+    return comparable([record])[0]
 
 
 def weight_difference(a: Path, b: Path) -> float:

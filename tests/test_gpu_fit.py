@@ -10,10 +10,7 @@ import torch
 from a3po.models.loading import enable_activation_checkpointing
 from a3po.run.main import run, run_dir_of
 from a3po.run.metrics_log import read_metrics
-
-
-def _comparable(records):
-    return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "wall_time"} for r in records]
+from conftest import comparable
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -27,7 +24,7 @@ def test_activation_checkpointing_changes_no_metric(tiny_cfg, earnable_reward, p
     expected = read_metrics(run_dir_of(plain) / "metrics.jsonl")
     got = read_metrics(run_dir_of(checkpointed) / "metrics.jsonl")
     assert len(got) == 3 and got[-1]["actor/grad_norm"] > 0
-    assert _comparable(got) == _comparable(expected)
+    assert comparable(got) == comparable(expected)
 
 
 def test_activation_checkpointing_reaches_every_decoder_layer_and_saves_only_layer_inputs(tiny_cfg):

@@ -12,6 +12,7 @@ import pytest
 from a3po.maths.proximal import recomputes_at
 from a3po.run.main import run, run_dir_of
 from a3po.run.metrics_log import read_metrics
+from conftest import comparable
 
 
 def test_recomputes_at_counts_steps_and_asks_the_probe_only_when_it_decides():
@@ -35,7 +36,7 @@ def _run(tiny_cfg, *overrides):
 
 
 def _comparable(record: dict) -> dict:
-    return {k: v for k, v in record.items() if not k.startswith(("time/", "hybrid/")) and k != "wall_time"}
+    return comparable([record], "hybrid/")[0]
 
 
 def test_hybrid_is_recompute_at_every_1_and_loglinear_at_every_0(tiny_cfg, earnable_reward):

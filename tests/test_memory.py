@@ -17,7 +17,7 @@ import a3po.run.memory_check as check
 from a3po.errors import ConfigError
 from a3po.run.memory import estimate_memory
 from a3po.run.memory_check import architecture_of, verdict, wait_for_room
-from a3po.run.memory_room import cgroup_room, parse_meminfo
+from a3po.run.memory_room import cgroup_room, parse_meminfo, process_memory
 from a3po.run.memory_model import MIB, MMAP_THRESHOLD_MAX, PHASES, SMOLLM2_135M, Estimate, Part, architecture_from
 from a3po.run.main import run, run_dir_of
 from a3po.run.rundir import config_differences, holds_only_hydra_output, remove_refused_job_dir
@@ -189,6 +189,14 @@ def test_meminfo_and_cgroup_parsing():
     assert cgroup_room("9223372036854771712\n", "100", "") is None  # v1's "no limit"
     assert cgroup_room("1000\n", "700\n", "anon 500\ninactive_file 200\n") == 500  # page cache is reclaimable
     assert cgroup_room("1000", "1500", "") == 0
+
+
+def test_process_memory_reads_rss_and_its_peak_in_gib():
+    status = "Name:\tpython\nUid:\t0\t0\t0\t0\nVmHWM:\t 3145728 kB\nVmRSS:\t 2097152 kB\nThreads:\t4\n"
+    assert process_memory("cpu", status) == {"memory/host_rss": 2.0, "memory/host_peak": 3.0}
+    assert process_memory("cpu", "Name:\tkthread\n") == {}  # no resident set to report
+    live = process_memory("cpu")
+    assert 0 < live["memory/host_rss"] <= live["memory/host_peak"]
 
 
 def test_verdict_error_warning_and_ok():

@@ -37,4 +37,6 @@ def test_every_logged_key_is_declared(tiny_cfg, overrides):
     keys = {key for record in read_metrics(run_dir_of(cfg) / "metrics.jsonl") for key in record}
     undeclared = sorted(key for key in keys if not any(m.matches(key) for m in METRICS))
     assert not undeclared
-    assert {"staleness/mean", "reward/mean", "actor/clip_ratio", "time/step"} <= keys
+    assert {"staleness/mean", "reward/mean", "actor/clip_ratio", "time/step", "memory/host_rss", "memory/host_peak"} <= keys
+    for record in read_metrics(run_dir_of(cfg) / "metrics.jsonl"):  # GiB of a live process: not bytes, not 0
+        assert 0.05 < record["memory/host_rss"] <= record["memory/host_peak"] < 64

@@ -9,10 +9,7 @@ import yaml
 from a3po.errors import ConfigError
 from a3po.run.metrics_log import read_metrics
 from a3po.run.main import run, run_dir_of
-
-
-def _non_timing(records):
-    return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "wall_time"} for r in records]
+from conftest import comparable
 
 
 def test_a_run_records_its_resolved_precision(tiny_cfg, monkeypatch):
@@ -64,7 +61,7 @@ def test_warm_up_is_timed_apart_and_changes_no_result(tiny_cfg):
     run(cold)
     warm_records = read_metrics(run_dir_of(warm) / "metrics.jsonl")
     cold_records = read_metrics(run_dir_of(cold) / "metrics.jsonl")
-    assert _non_timing(warm_records) == _non_timing(cold_records)  # bit for bit
+    assert comparable(warm_records) == comparable(cold_records)  # bit for bit
     assert warm_records[0]["time/warmup"] > 0
     assert all("time/warmup" not in r for r in warm_records[1:])  # once per invocation
     assert all("time/warmup" not in r for r in cold_records)

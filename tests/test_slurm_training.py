@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from a3po.run.metrics_log import read_metrics
+from conftest import comparable
 
 try:
     from slurm_cluster import REPO_ROOT, LocalSlurm, local_slurm, requires_slurm  # noqa: F401
@@ -24,10 +25,6 @@ except ImportError:
 pytestmark = [pytest.mark.slurm, requires_slurm]
 
 TOTAL_STEPS = 12
-
-
-def _comparable(records):
-    return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "wall_time"} for r in records]
 
 
 def _wait_for_progress(paths: list[Path], min_steps: int, multirun, timeout_s: float = 300) -> None:
@@ -63,4 +60,4 @@ def test_preempted_training_job_resumes_without_gap_or_change(local_slurm: Local
     records = [read_metrics(path) for path in runs]
     for run_records in records:
         assert [r["step"] for r in run_records] == list(range(TOTAL_STEPS))
-    assert _comparable(records[0]) == _comparable(records[1])
+    assert comparable(records[0]) == comparable(records[1])

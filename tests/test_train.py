@@ -14,7 +14,7 @@ from a3po.errors import ConfigError
 from a3po.run.metrics_log import read_metrics
 from a3po.run.main import run, run_dir_of
 
-from conftest import REPO
+from conftest import REPO, comparable
 
 REQUIRED_KEYS = [
     "step", "version", "wall_time", "time/step", "time/rollout", "time/prox_logp", "time/train",
@@ -88,10 +88,6 @@ def test_behave_logp_equals_trainer_forward_and_loglinear_at_staleness_zero(tiny
     assert torch.equal(approximate_prox_logp(behave, recomputed, versions, 0), behave)
 
 
-def _comparable(records):
-    return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "wall_time"} for r in records]
-
-
 @pytest.mark.parametrize("algo", ["loglinear", "recompute"])
 def test_resume_equals_uninterrupted(tiny_cfg, tmp_path, algo):
     overrides = [f"algo={algo}", "staleness=2", "train.total_steps=5", "train.checkpoint_every=0"]
@@ -107,7 +103,7 @@ def test_resume_equals_uninterrupted(tiny_cfg, tmp_path, algo):
     resumed = read_metrics(run_dir_of(interrupted) / "metrics.jsonl")
     expected = read_metrics(run_dir_of(straight) / "metrics.jsonl")
     assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4]
-    assert _comparable(resumed) == _comparable(expected)
+    assert comparable(resumed) == comparable(expected)
 
 
 def test_resume_drops_steps_logged_after_the_checkpoint(tiny_cfg):

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from a3po.run.checkpoint import checkpoint_path
 from a3po.distributed import any_rank, broadcast_object
 from a3po.run.health import EXIT_DIVERGED, CollapseRule, CollapseWatch, NonFiniteUpdate, RunDiverged, divergence_record, write_divergence
+from a3po.run.memory_room import process_memory
 from a3po.run.metrics_log import MetricsLogger, read_metrics
 from a3po.run.parts import RunParts
 from a3po.run.preemption import GracefulStop
@@ -33,7 +34,8 @@ def train_step(parts: RunParts, step: int) -> dict[str, Any]:
     """One step: batch -> trainer -> weight sync, then eval if due. `time/step` and
     `time/step_cpu` (this process's CPU seconds, every thread) cover the training phases only,
     not eval, the checkpoint or the diagnostic phases (a3po.timer.DIAGNOSTIC_PHASES): on a
-    shared machine the CPU figure is the one that survives.
+    shared machine the CPU figure is the one that survives. `memory/*` is read after the step
+    and its eval (a3po.run.memory_room.process_memory).
     Distributed: rank 0's runtime makes the batch and every rank gets it; the figures are rank 0's."""
     cfg, dist, timer = parts.cfg, parts.dist, parts.timer
     wall_start, cpu_start = time.perf_counter(), time.process_time()
@@ -50,6 +52,8 @@ def train_step(parts: RunParts, step: int) -> dict[str, Any]:
         with timer.phase("eval"):
             metrics.update(parts.producer.evaluate(step))
     metrics.update(timer.pop())
+    if dist.is_main:
+        metrics.update(process_memory(str(parts.trainer.device)))
     return metrics
 
 

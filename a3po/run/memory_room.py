@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["UNLIMITED", "parse_meminfo", "cgroup_room", "host_available", "available_memory"]
+__all__ = ["UNLIMITED", "parse_meminfo", "cgroup_room", "host_available", "available_memory", "process_memory"]
+
+GIB = 2**30
 
 UNLIMITED = 2**60  # a cgroup "limit" at or above this is none (v1 writes 2^63 rounded to pages)
 
@@ -82,3 +84,25 @@ def available_memory(device: str) -> tuple[int, str]:
         free, _ = torch.cuda.mem_get_info(torch.device(device))
         return free, f"torch.cuda.mem_get_info({device!r}) free"
     return host_available()
+
+
+def process_memory(device: str = "cpu", status_text: str | None = None) -> dict[str, float]:
+    """The memory/* metrics (a3po.metrics), in GiB: this process's resident memory and its peak
+    (VmRSS, VmHWM of /proc/self/status, or `status_text`); on a CUDA `device`, torch's peak
+    allocation since the process started and its allocator's reservation. Empty where there is
+    no /proc (not Linux). Reading them changes nothing: no peak is reset."""
+    if status_text is None:
+        try:
+            status_text = Path("/proc/self/status").read_text()
+        except OSError:
+            return {}
+    status = parse_meminfo(status_text)
+    if "VmRSS" not in status or "VmHWM" not in status:
+        return {}
+    figures = {"memory/host_rss": status["VmRSS"] / GIB, "memory/host_peak": status["VmHWM"] / GIB}
+    if device.startswith("cuda"):
+        import torch
+
+        figures["memory/cuda_peak"] = torch.cuda.max_memory_allocated(device) / GIB
+        figures["memory/cuda_reserved"] = torch.cuda.memory_reserved(device) / GIB
+    return figures
