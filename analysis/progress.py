@@ -4,14 +4,16 @@
 
 One line per run: the steps it has logged of its total (`train.total_steps`), its state
 (finished, diverged or part-done), the wall hours it has taken (`wall_time`, which a resumed run
-carries on from its checkpoint) and the median `time/step` of its last ten steps. Then the sweep:
+carries on from its checkpoint), the median `time/step` of its last ten steps and the most
+resident memory any of its processes reached (`memory/host_peak`, GiB; blank for logs from before
+the key). Then the sweep:
 runs ended, part-done and not started (of `--expect`, the size of the sweep's grid), and the wall
 time the runs not ended still need at `--jobs` runs at once, at the pace these logs show (a run's
 mean hours when any has ended, else each part-done run's own pace; a floor, since runs of
 unequal length do not pack perfectly).
 
-It reads a run's config.yaml, its ended marker and three keys of metrics.jsonl (`step`,
-`wall_time`, `time/step`); never a reward, so a pre-registered study can be watched while it
+It reads a run's config.yaml, its ended marker and four keys of metrics.jsonl (`step`,
+`wall_time`, `time/step`, `memory/host_peak`); never a reward, so a pre-registered study can be watched while it
 runs without being read. A path may be a log archive (`analysis.logs`).
 """
 
@@ -29,19 +31,21 @@ from analysis.load import UnusableRun, find_run_dirs, read_config
 from analysis.logs import ENDED_MARKERS
 
 RECENT_STEPS = 10
+PROGRESS_KEYS = ("step", "wall_time", "time/step", "memory/host_peak")
 STATES = ("finished", "diverged", "part-done")
 FINISHED_MARKER, DIVERGED_MARKER = ENDED_MARKERS
 
 
 def read_progress_keys(path: Path) -> list[dict[str, float]]:
-    """`step`, `wall_time` and `time/step` of each record of a metrics.jsonl (`read_metrics`: a
-    line that does not parse is skipped with a warning); [] when there is none yet."""
-    return [{key: record[key] for key in ("step", "wall_time", "time/step") if key in record}
+    """`PROGRESS_KEYS` of each record of a metrics.jsonl (`read_metrics`: a line that does not
+    parse is skipped with a warning); [] when there is none yet."""
+    return [{key: record[key] for key in PROGRESS_KEYS if key in record}
             for record in read_metrics(path) if "step" in record]
 
 
 def run_progress(run_dir: Path) -> dict[str, Any]:
-    """One run's progress: name, steps logged, total steps, state, wall hours, recent s/step."""
+    """One run's progress: name, steps logged, total steps, state, wall hours, recent s/step,
+    peak GiB (None where the log has no `memory/host_peak`)."""
     total = (read_config(run_dir).get("train") or {}).get("total_steps")
     if not isinstance(total, int) or total < 1:
         raise UnusableRun(f"config.yaml has no train.total_steps (a positive integer), got {total!r}")
@@ -49,9 +53,10 @@ def run_progress(run_dir: Path) -> dict[str, Any]:
     state = ("diverged" if (run_dir / DIVERGED_MARKER).is_file()
              else "finished" if (run_dir / FINISHED_MARKER).is_file() else "part-done")
     recent = [row["time/step"] for row in rows[-RECENT_STEPS:] if row.get("time/step") is not None]
+    peaks = [row["memory/host_peak"] for row in rows if row.get("memory/host_peak") is not None]
     return {"run": run_dir.name, "steps": len({row["step"] for row in rows}), "total": total, "state": state,
             "hours": (rows[-1].get("wall_time") or 0.0) / 3600 if rows else 0.0,
-            "step_s": statistics.median(recent) if recent else None}
+            "step_s": statistics.median(recent) if recent else None, "peak_gib": max(peaks) if peaks else None}
 
 
 def run_hours(runs: Sequence[dict[str, Any]]) -> float | None:
@@ -78,10 +83,12 @@ def hours_left(runs: Sequence[dict[str, Any]], expect: int | None, jobs: int) ->
 
 def progress_table(runs: Sequence[dict[str, Any]]) -> str:
     """The per-run lines, as a markdown table."""
-    lines = ["| run | steps | state | wall hours | s/step (last 10) |", "|---|--:|---|--:|--:|"]
+    lines = ["| run | steps | state | wall hours | s/step (last 10) | peak GiB |", "|---|--:|---|--:|--:|--:|"]
     for run in runs:
         step_s = "" if run["step_s"] is None else f"{run['step_s']:.0f}"
-        lines.append(f"| {run['run']} | {run['steps']}/{run['total']} | {run['state']} | {run['hours']:.2f} | {step_s} |")
+        peak = "" if run.get("peak_gib") is None else f"{run['peak_gib']:.1f}"
+        lines.append(f"| {run['run']} | {run['steps']}/{run['total']} | {run['state']} | {run['hours']:.2f} | {step_s} "
+                     f"| {peak} |")
     return "\n".join(lines)
 
 

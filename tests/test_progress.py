@@ -16,12 +16,14 @@ from conftest import compose_config, TINY_OVERRIDES
 REWARD = 0.123456  # a value no line of the output may carry
 
 
-def _run(sweep: Path, name: str, steps: int, total: int, hours_a_step: float, marker: str | None = None) -> Path:
+def _run(sweep: Path, name: str, steps: int, total: int, hours_a_step: float, marker: str | None = None,
+         peaks: list[float] | None = None) -> Path:
     run_dir = sweep / name
     run_dir.mkdir(parents=True)
     (run_dir / "config.yaml").write_text(f"run_name: {name}\ntrain:\n  total_steps: {total}\n")
+    memory = [{} if peaks is None else {"memory/host_peak": peaks[step]} for step in range(steps)]
     lines = [json.dumps({"step": step, "wall_time": 3600 * hours_a_step * (step + 1), "time/step": 60.0 + step,
-                         "reward/mean": REWARD, "eval/reward": REWARD}) for step in range(steps)]
+                         "reward/mean": REWARD, "eval/reward": REWARD, **memory[step]}) for step in range(steps)]
     (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     if marker:
         (run_dir / marker).write_text(json.dumps({"steps": steps}))
@@ -35,7 +37,7 @@ def test_a_run_line_reads_steps_state_hours_and_recent_pace(tmp_path):
     with pytest.warns(SkippedMetricsWarning, match=r"a-s1/metrics.jsonl:13: skipped an unparsable line"):
         line = run_progress(part)
     assert line == {"run": "a-s1", "steps": 12, "total": 20, "state": "part-done",
-                    "hours": pytest.approx(0.6), "step_s": 66.5}  # median of steps 2-11
+                    "hours": pytest.approx(0.6), "step_s": 66.5, "peak_gib": None}  # median of steps 2-11
     assert run_progress(_run(tmp_path, "a-s2", 20, 20, 0.1, "finished.json"))["state"] == "finished"
     diverged = run_progress(_run(tmp_path, "a-s3", 7, 20, 0.1, "diverged.json"))
     assert (diverged["state"], diverged["steps"]) == ("diverged", 7)
@@ -69,11 +71,11 @@ def test_time_left_before_any_run_ended_uses_each_part_done_runs_own_pace():
 def test_the_command_prints_the_table_and_the_sweep_line_and_no_reward(tmp_path, capsys):
     sweep = tmp_path / "outputs" / "study"
     _run(sweep, "recompute-s0", 10, 10, 0.2, "finished.json")
-    _run(sweep, "loglinear-s0", 4, 10, 0.2)
+    _run(sweep, "loglinear-s0", 4, 10, 0.2, peaks=[8.21, 9.46, 6.0, 9.02])  # resumed after step 1: a new process
     assert progress_main([str(sweep), "--expect", "4", "--jobs", "2"]) == 0
     out = capsys.readouterr().out
-    assert "| loglinear-s0 | 4/10 | part-done | 0.80 | 62 |" in out
-    assert "| recompute-s0 | 10/10 | finished | 2.00 | 64 |" in out
+    assert "| loglinear-s0 | 4/10 | part-done | 0.80 | 62 | 9.5 |" in out  # the most any process reached
+    assert "| recompute-s0 | 10/10 | finished | 2.00 | 64 |  |" in out  # a log from before the key
     assert ("1 finished, 0 diverged, 1 part-done, 2 not started; at 2.00 wall hours a run, the runs not "
             "ended need 5.2 run-hours: at least 2.6 hours of wall time at 2 at once.") in out
     assert str(REWARD)[:5] not in out and "reward" not in out
@@ -105,4 +107,4 @@ def test_a_real_run_logs_what_progress_reads(tmp_path):
     assert run(config)
     line = run_progress(run_dir_of(config))
     assert (line["steps"], line["total"], line["state"]) == (2, 2, "finished")
-    assert line["hours"] > 0 and line["step_s"] > 0
+    assert line["hours"] > 0 and line["step_s"] > 0 and 0.05 < line["peak_gib"] < 64
