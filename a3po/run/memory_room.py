@@ -1,14 +1,15 @@
 """What the machine can still give a run (a3po.run.memory_check holds the estimate against it): on
 a CPU `MemAvailable`, or less where the process's memory cgroup has a limit; on a GPU the free
-memory `torch.cuda.mem_get_info` reports."""
+memory `torch.cuda.mem_get_info` reports. And what a run has taken: the memory/* metrics each step
+logs (`process_memory`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["UNLIMITED", "parse_meminfo", "cgroup_room", "host_available", "available_memory", "process_memory"]
+from a3po.run.memory_model import GIB
 
-GIB = 2**30
+__all__ = ["UNLIMITED", "parse_meminfo", "cgroup_room", "host_available", "available_memory", "process_memory"]
 
 UNLIMITED = 2**60  # a cgroup "limit" at or above this is none (v1 writes 2^63 rounded to pages)
 
