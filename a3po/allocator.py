@@ -6,9 +6,12 @@ training step frees and re-allocates the same few hundred MB every minibatch: th
 (`zero_grad(set_to_none=True)`), autocast's bf16 copies of the weights, the logits. Each time
 the kernel zero-fills those pages again on first touch (its cost: docs/benchmarks.md, "Rollout at
 the hardware's pace"). Raising both thresholds keeps freed blocks in the heap; the price is
-resident memory that does not shrink back (fragmentation, measured there too).
+resident memory that does not shrink back: a run's grows step after step as freed blocks of
+one shape are split for the next (docs/design.md, "Memory check"). So a CPU run hands the
+freed pages back (`release_freed_memory`) at the start of a step that finds its resident memory
+above the memory check's estimate (a3po.run.loop), and keeps them otherwise.
 
-A no-op where the C library is not glibc (macOS, musl) or when called again.
+No-ops where the C library is not glibc (macOS, musl); `retain_freed_memory` also when called again.
 
 On a GPU the same question is PyTorch's caching allocator's: `expandable_cuda_segments` below.
 """
@@ -17,13 +20,14 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 from collections.abc import MutableMapping
 
 import torch
 
-__all__ = ["retain_freed_memory", "expandable_cuda_segments", "CUDA_ALLOC_CONF", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
+__all__ = ["retain_freed_memory", "release_freed_memory", "expandable_cuda_segments", "CUDA_ALLOC_CONF", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
 
 log = logging.getLogger(__name__)
 
@@ -33,17 +37,23 @@ TRIM_THRESHOLD = (1 << 31) - 1  # never trim the heap's free top (the largest in
 _done: bool | None = None
 
 
+@functools.cache
+def _glibc_function(name: str):
+    """The C library's `name` (mallopt, malloc_trim), or None where it has none."""
+    try:
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
+    except (OSError, AttributeError):
+        return None
+
+
 def retain_freed_memory() -> bool:
     """Set glibc's thresholds once per process; True where they were set."""
     global _done
     if _done is not None:
         return _done
     _done = False
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    mallopt = _glibc_function("mallopt")
+    if mallopt is None:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     _done = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
@@ -51,6 +61,19 @@ def retain_freed_memory() -> bool:
         log.warning("mallopt refused the allocator thresholds: freed host memory goes back to the OS "
                     "(slower training steps, same results)")
     return _done
+
+
+def release_freed_memory() -> bool:
+    """Hand the pages of the heaps' free blocks back to the kernel (glibc's `malloc_trim(0)`, which
+    also releases free pages inside the heap, not only at its top): resident memory falls to what
+    is live, and the next allocations fault their pages in again (zero-filled). True where glibc
+    ran it; the freed blocks stay allocatable either way."""
+    trim = _glibc_function("malloc_trim")
+    if trim is None:
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True
 
 
 CUDA_ALLOC_CONF = "expandable_segments:True"

@@ -120,6 +120,8 @@ METRICS: tuple[Metric, ...] = (
              "time/checkpoint", "time/warmup"),
     *_family("loop", "step", "GiB of this process's memory after the step (rank 0's; a3po.run.memory_room): resident "
              "now and its peak since the process started (VmRSS, VmHWM)", "memory/host_rss", "memory/host_peak"),
+    Metric("memory/heap_released", "loop", "step", "1 when the step began by handing the heap's freed pages back "
+           "(its resident memory was above the memory check's estimate; a one-process CPU run), else 0"),
     *_family("loop", "step", "GiB on the trainer's CUDA device: the most torch has allocated since the process "
              "started, and what its caching allocator holds now", "memory/cuda_peak", "memory/cuda_reserved"),
     Metric("runtime/shared_device", "runtime", "step", "async: 1 when rollout and training share one CUDA device "

@@ -74,3 +74,47 @@ def test_a_cuda_run_reserves_what_a_growing_decode_needs_not_the_sum():
               "print(torch.cuda.max_memory_reserved() >> 20)")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert int(out.stdout.strip().splitlines()[-1]) < 2 * 120  # MiB: about the largest block
+
+
+RELEASE = """
+import torch
+from a3po.allocator import release_freed_memory, retain_freed_memory
+from a3po.run.memory_room import host_resident
+assert retain_freed_memory()
+blocks = [torch.ones(1536, 576) for _ in range(80)]  # 80 x 3.5 MB: heap blocks under the raised threshold
+held = host_resident()
+del blocks
+kept = host_resident()
+assert release_freed_memory()
+again = torch.ones(1536, 576).sum().item()  # the heap still serves
+print(held, kept, host_resident(), again)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim and /proc")
+def test_released_pages_leave_the_process_and_the_heap_still_serves():
+    out = subprocess.run([sys.executable, "-c", RELEASE], capture_output=True, text=True, check=True)
+    held, kept, released, again = out.stdout.split()[-4:]
+    size = 80 * 1536 * 576 * 4
+    assert int(kept) > int(held) - size // 4  # retained: freeing the blocks gave back almost nothing
+    assert int(released) < int(kept) - size // 2  # released: most of their pages left the process
+    assert float(again) == 1536 * 576
+
+
+def test_releasing_the_heap_at_every_step_changes_no_result(tiny_cfg, monkeypatch):
+    """A one-process CPU run whose resident memory passes the memory check's estimate starts the
+    next step by releasing the heap's freed pages (a3po.run.loop); here every step does (a ceiling
+    of one byte), and the run logs what a run without a ceiling (memory_check=off) logs."""
+    import a3po.run.main as main
+    from a3po.run.metrics_log import read_metrics
+    from conftest import comparable
+
+    released_cfg, plain_cfg = tiny_cfg("experiment_name=released"), tiny_cfg("experiment_name=plain", "memory_check=off")
+    monkeypatch.setattr(main, "host_ceiling", lambda estimate, device, world: 1)
+    main.run(released_cfg)
+    monkeypatch.undo()
+    main.run(plain_cfg)
+    released, plain = (read_metrics(main.run_dir_of(c) / "metrics.jsonl") for c in (released_cfg, plain_cfg))
+    assert [r["memory/heap_released"] for r in released] == [1.0] * len(released) == [1.0] * 3
+    assert all("memory/heap_released" not in r for r in plain)
+    assert comparable(released, "identity") == comparable(plain, "identity")

@@ -16,8 +16,8 @@ from omegaconf import OmegaConf
 import a3po.run.memory_check as check
 from a3po.errors import ConfigError
 from a3po.run.memory import estimate_memory
-from a3po.run.memory_check import architecture_of, verdict, wait_for_room
-from a3po.run.memory_room import cgroup_room, parse_meminfo, process_memory
+from a3po.run.memory_check import architecture_of, host_ceiling, verdict, wait_for_room
+from a3po.run.memory_room import cgroup_room, host_resident, parse_meminfo, process_memory
 from a3po.run.memory_model import MIB, MMAP_THRESHOLD_MAX, PHASES, SMOLLM2_135M, Estimate, Part, architecture_from
 from a3po.run.main import run, run_dir_of
 from a3po.run.rundir import config_differences, holds_only_hydra_output, remove_refused_job_dir
@@ -197,6 +197,18 @@ def test_process_memory_reads_rss_and_its_peak_in_gib():
     assert process_memory("cpu", "Name:\tkthread\n") == {}  # no resident set to report
     live = process_memory("cpu")
     assert 0 < live["memory/host_rss"] <= live["memory/host_peak"]
+    assert host_resident(status) == 2 * 2**30 and host_resident("Name:\tkthread\n") is None
+    assert host_resident() > 0
+
+
+def test_the_host_ceiling_is_the_estimates_host_peak_for_one_cpu_process():
+    parts = (Part("weights", 3 * MIB, (), "always", "cpu"), Part("decode", 2 * MIB, (), "rollout", "cpu"),
+             Part("activations", 5 * MIB, (), "train", "cpu"))
+    estimate = Estimate(parts)
+    assert host_ceiling(estimate, "cpu", 1) == estimate.peak("cpu") == 10 * MIB  # the heap's phases add
+    assert host_ceiling(None, "cpu", 1) is None  # memory_check=off: no estimate, no ceiling
+    assert host_ceiling(estimate, "cuda", 1) is None
+    assert host_ceiling(estimate, "cpu", 2) is None  # torchrun's ranks share one estimate
 
 
 def test_verdict_error_warning_and_ok():

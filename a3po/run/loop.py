@@ -16,7 +16,8 @@ from tqdm.auto import tqdm
 from a3po.run.checkpoint import checkpoint_path
 from a3po.distributed import any_rank, broadcast_object
 from a3po.run.health import EXIT_DIVERGED, CollapseRule, CollapseWatch, NonFiniteUpdate, RunDiverged, divergence_record, write_divergence
-from a3po.run.memory_room import process_memory
+from a3po.allocator import release_freed_memory
+from a3po.run.memory_room import host_resident, process_memory
 from a3po.run.metrics_log import MetricsLogger, read_metrics
 from a3po.run.parts import RunParts
 from a3po.run.preemption import GracefulStop
@@ -34,11 +35,14 @@ def train_step(parts: RunParts, step: int) -> dict[str, Any]:
     """One step: batch -> trainer -> weight sync, then eval if due. `time/step` and
     `time/step_cpu` (this process's CPU seconds, every thread) cover the training phases only,
     not eval, the checkpoint or the diagnostic phases (a3po.timer.DIAGNOSTIC_PHASES): on a
-    shared machine the CPU figure is the one that survives. `memory/*` is read after the step
-    and its eval (a3po.run.memory_room.process_memory).
+    shared machine the CPU figure is the one that survives. A step that finds the process's
+    resident memory above `parts.host_ceiling` starts by handing the heap's freed pages back,
+    within its timing (the pages it then faults in again are its own cost). `memory/*` is read
+    after the step and its eval (a3po.run.memory_room.process_memory).
     Distributed: rank 0's runtime makes the batch and every rank gets it; the figures are rank 0's."""
     cfg, dist, timer = parts.cfg, parts.dist, parts.timer
     wall_start, cpu_start = time.perf_counter(), time.process_time()
+    released = parts.host_ceiling is not None and (host_resident() or 0) > parts.host_ceiling and release_freed_memory()
     batch, metrics = broadcast_object(parts.runtime.batch_for(step, version=step) if dist.is_main else None, dist)
     generator = torch.Generator().manual_seed(stream_seed(cfg.seed, Stream.MINIBATCH, step))
     metrics = {**parts.trainer.step(batch, version=step, generator=generator), **metrics}
@@ -54,6 +58,8 @@ def train_step(parts: RunParts, step: int) -> dict[str, Any]:
     metrics.update(timer.pop())
     if dist.is_main:
         metrics.update(process_memory(str(parts.trainer.device)))
+    if parts.host_ceiling is not None:
+        metrics["memory/heap_released"] = float(released)
     return metrics
 
 

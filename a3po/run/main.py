@@ -29,7 +29,7 @@ from a3po.device import resolve_device, resolve_precision
 from a3po.distributed import DistInfo, close_distributed, init_distributed, launched_world, rank_device
 from a3po.run.health import RunDiverged
 from a3po.run.loop import train_loop
-from a3po.run.memory_check import check_memory
+from a3po.run.memory_check import check_memory, host_ceiling
 from a3po.run.metrics_log import MetricsLogger
 from a3po.rollout import check_engine_device
 from a3po.run_config import RunConfig
@@ -69,19 +69,19 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     world = launched_world()
     rank_here = rank_device(device, DistInfo(world=world, local_rank=int(os.environ.get("LOCAL_RANK", "0"))))
     is_main = int(os.environ.get("RANK", "0")) == 0
-    check_memory(cfg, rank_here, world, is_main=is_main)
+    ceiling = host_ceiling(check_memory(cfg, rank_here, world, is_main=is_main), rank_here.type, world)
     if is_main:  # rank 0 alone holds the rollout engine
         check_engine_device(cfg.rollout, rollout_device(cfg, rank_here))
     run_dir = Path(run_dir) if run_dir is not None else run_dir_of(cfg)
     dist = init_distributed(device)
     try:
-        return _run(cfg, run_dir, rank_device(device, dist), dist)
+        return _run(cfg, run_dir, rank_device(device, dist), dist, ceiling)
     finally:
         release_run_dir(run_dir)  # a no-op on ranks > 0, which never claim it
         close_distributed(dist)
 
 
-def _run(cfg: RunConfig, run_dir: Path, device: torch.device, dist: DistInfo) -> dict[str, Any]:
+def _run(cfg: RunConfig, run_dir: Path, device: torch.device, dist: DistInfo, ceiling: int | None) -> dict[str, Any]:
     checkpoint, verdict = open_run_dir(cfg, run_dir, dist)
     if verdict["finished"]:
         log.info("%s already finished (%d steps); nothing to do", run_dir, cfg.train.total_steps)
@@ -90,7 +90,7 @@ def _run(cfg: RunConfig, run_dir: Path, device: torch.device, dist: DistInfo) ->
         raise RunDiverged(run_dir, verdict["diverged"])
     seed_everything(rank_seed(cfg.seed, dist.rank))
     retain_freed_memory()  # a step's re-allocations reuse host memory instead of faulting it in again
-    parts = build_parts(cfg, run_dir, device, dist)
+    parts = build_parts(cfg, run_dir, device, dist, host_ceiling=ceiling)
     restore(parts, checkpoint, resuming=verdict["resume_step"] is not None)
     # The restored checkpoint holds a copy of the weights and AdamW's moments (~12 bytes a
     # parameter, 18.6 GB at 1.5B): only its pending metrics record outlives the restore.

@@ -247,6 +247,17 @@ def check_memory(cfg: Any, trainer_device: Any, world: int = 1, is_main: bool = 
     return estimate
 
 
+def host_ceiling(estimate: Estimate | None, trainer_device: str, world: int) -> int | None:
+    """The resident memory past which a run hands its heap's freed pages back at a step's start
+    (a3po.allocator.release_freed_memory, a3po.run.loop): the estimate's host peak, for one
+    process that trains on the CPU. None otherwise: no estimate (memory_check=off, an unknown
+    architecture), a GPU trainer (its host frees little a step), torchrun's ranks (one estimate
+    for the host's processes together)."""
+    if estimate is None or world != 1 or trainer_device != "cpu" or "cpu" not in estimate.devices():
+        return None
+    return estimate.peak("cpu")
+
+
 if __name__ == "__main__":  # the command moved to the module that has it (no import back up to it)
     print("error: the memory plan's command is `python -m a3po.run.memory_plan <overrides>`", file=sys.stderr)
     sys.exit(2)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from a3po.run.memory_model import GIB
 
-__all__ = ["UNLIMITED", "parse_meminfo", "cgroup_room", "host_available", "available_memory", "process_memory"]
+__all__ = ["UNLIMITED", "parse_meminfo", "cgroup_room", "host_available", "available_memory", "process_memory", "host_resident"]
 
 UNLIMITED = 2**60  # a cgroup "limit" at or above this is none (v1 writes 2^63 rounded to pages)
 
@@ -107,3 +107,14 @@ def process_memory(device: str = "cpu", status_text: str | None = None) -> dict[
         figures["memory/cuda_peak"] = torch.cuda.max_memory_allocated(device) / GIB
         figures["memory/cuda_reserved"] = torch.cuda.memory_reserved(device) / GIB
     return figures
+
+
+def host_resident(status_text: str | None = None) -> int | None:
+    """This process's resident memory in bytes (VmRSS of /proc/self/status, or `status_text`);
+    None where there is no /proc (not Linux)."""
+    if status_text is None:
+        try:
+            status_text = Path("/proc/self/status").read_text()
+        except OSError:
+            return None
+    return parse_meminfo(status_text).get("VmRSS")

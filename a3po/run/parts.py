@@ -50,7 +50,9 @@ class WeightSync:
 
 @dataclass
 class RunParts:
-    """What the loop drives. `engine`, `producer` and `runtime` are None on ranks > 0."""
+    """What the loop drives. `engine`, `producer` and `runtime` are None on ranks > 0.
+    `host_ceiling`: the resident bytes past which a step starts by handing the heap's freed
+    pages back (a3po.run.memory_check.host_ceiling; None: never)."""
 
     cfg: RunConfig
     run_dir: Path
@@ -63,6 +65,7 @@ class RunParts:
     engine: Any = None
     producer: RolloutProducer | None = None
     runtime: Any = None
+    host_ceiling: int | None = None
 
     def close(self) -> None:
         if self.dist.is_main:
@@ -105,7 +108,8 @@ def build_runtime(cfg: RunConfig, produce: RolloutProducer, engine, step_timer: 
                         step_timer=step_timer, shutdown_timeout_s=cfg.runtime.shutdown_timeout_s)
 
 
-def build_parts(cfg: RunConfig, run_dir: Path, device: torch.device, dist: DistInfo) -> RunParts:
+def build_parts(cfg: RunConfig, run_dir: Path, device: torch.device, dist: DistInfo,
+                host_ceiling: int | None = None) -> RunParts:
     """The task first (a bad data file fails in a second, not after the model loads), then the
     same weights on every rank, then rank 0's rollout side: from its own copy of the policy
     unless it can share the trainer's module."""
@@ -119,7 +123,8 @@ def build_parts(cfg: RunConfig, run_dir: Path, device: torch.device, dist: DistI
     policy, tokenizer = load_policy(cfg.model, device=device, seed=cfg.seed)
     trainer = Trainer(policy, cfg, pad_id=tokenizer.pad_token_id, device=device, timer=timer, dist=dist)
     if not dist.is_main:
-        return RunParts(cfg, run_dir, dist, timer, policy, tokenizer, trainer, WeightSync(policy, None, None, dist))
+        return RunParts(cfg, run_dir, dist, timer, policy, tokenizer, trainer, WeightSync(policy, None, None, dist),
+                        host_ceiling=host_ceiling)
     concurrent = cfg.runtime.name == "async"
     rollout_policy = policy
     if needs_own_policy(cfg, on_device, device, dist.world):  # loaded where it lives: no transient copy on `device`
@@ -133,7 +138,7 @@ def build_parts(cfg: RunConfig, run_dir: Path, device: torch.device, dist: DistI
     producer = RolloutProducer(cfg, task, tokenizer, engine, PhaseTimer(on_device) if concurrent else timer)
     runtime = build_runtime(cfg, producer, engine, step_timer=timer)
     return RunParts(cfg, run_dir, dist, timer, policy, tokenizer, trainer,
-                    WeightSync(policy, engine, rollout_policy, dist), engine, producer, runtime)
+                    WeightSync(policy, engine, rollout_policy, dist), engine, producer, runtime, host_ceiling)
 
 
 def warm_up(parts: RunParts) -> float:
