@@ -118,3 +118,12 @@ def test_releasing_the_heap_at_every_step_changes_no_result(tiny_cfg, monkeypatc
     assert [r["memory/heap_released"] for r in released] == [1.0] * len(released) == [1.0] * 3
     assert all("memory/heap_released" not in r for r in plain)
     assert comparable(released, "identity") == comparable(plain, "identity")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim and /proc")
+def test_a_step_releases_only_above_its_ceiling():
+    from a3po.run.loop import _release_above
+
+    assert _release_above(None) is False  # no estimate: never
+    assert _release_above(2**60) is False  # resident memory below the ceiling: the pages stay
+    assert _release_above(1) is True

@@ -42,7 +42,7 @@ def train_step(parts: RunParts, step: int) -> dict[str, Any]:
     Distributed: rank 0's runtime makes the batch and every rank gets it; the figures are rank 0's."""
     cfg, dist, timer = parts.cfg, parts.dist, parts.timer
     wall_start, cpu_start = time.perf_counter(), time.process_time()
-    released = parts.host_ceiling is not None and (host_resident() or 0) > parts.host_ceiling and release_freed_memory()
+    released = _release_above(parts.host_ceiling)
     batch, metrics = broadcast_object(parts.runtime.batch_for(step, version=step) if dist.is_main else None, dist)
     generator = torch.Generator().manual_seed(stream_seed(cfg.seed, Stream.MINIBATCH, step))
     metrics = {**parts.trainer.step(batch, version=step, generator=generator), **metrics}
@@ -61,6 +61,14 @@ def train_step(parts: RunParts, step: int) -> dict[str, Any]:
     if parts.host_ceiling is not None:
         metrics["memory/heap_released"] = float(released)
     return metrics
+
+
+def _release_above(ceiling: int | None) -> bool:
+    """Hand the heap's freed pages back where the process's resident memory is above `ceiling`
+    (a3po.run.memory_check.host_ceiling; None: never); whether it did."""
+    if ceiling is None or (host_resident() or 0) <= ceiling:
+        return False
+    return release_freed_memory()
 
 
 def _diverged(parts: RunParts, logger: MetricsLogger | None, error: NonFiniteUpdate, run_start: float,
