@@ -92,11 +92,9 @@ def process_memory(device: str = "cpu", status_text: str | None = None) -> dict[
     (VmRSS, VmHWM of /proc/self/status, or `status_text`); on a CUDA `device`, torch's peak
     allocation since the process started and its allocator's reservation. Empty where there is
     no /proc (not Linux). Reading them changes nothing: no peak is reset."""
+    status_text = _own_status() if status_text is None else status_text
     if status_text is None:
-        try:
-            status_text = Path("/proc/self/status").read_text()
-        except OSError:
-            return {}
+        return {}
     status = parse_meminfo(status_text)
     if "VmRSS" not in status or "VmHWM" not in status:
         return {}
@@ -112,9 +110,13 @@ def process_memory(device: str = "cpu", status_text: str | None = None) -> dict[
 def host_resident(status_text: str | None = None) -> int | None:
     """This process's resident memory in bytes (VmRSS of /proc/self/status, or `status_text`);
     None where there is no /proc (not Linux)."""
-    if status_text is None:
-        try:
-            status_text = Path("/proc/self/status").read_text()
-        except OSError:
-            return None
-    return parse_meminfo(status_text).get("VmRSS")
+    status_text = _own_status() if status_text is None else status_text
+    return None if status_text is None else parse_meminfo(status_text).get("VmRSS")
+
+
+def _own_status() -> str | None:
+    """/proc/self/status, or None where there is none (not Linux)."""
+    try:
+        return Path("/proc/self/status").read_text()
+    except OSError:
+        return None
