@@ -15,8 +15,8 @@ GIB = 2**30
 
 # --- measured constants (docs/design.md, "Memory check": how, and on what) ----------------------
 # The process before any weight loads: python, torch, transformers' Llama modules, hydra, a3po
-# and the tokenizer imported and loaded: peak RSS 600 MiB on the 2-core EPYC (2026-11-25), 448 MiB
-# on the 2-core Intel Xeon with AMX (2026-11-29), the same packages. Their midpoint.
+# and the tokenizer imported and loaded: the midpoint of two machines' measurements (docs/design.md,
+# the table of parts: "process baseline").
 BASELINE_BYTES = 524 * MIB
 # Training activations saved for backward, per token and per decoder layer, by the compute
 # dtype's size in bytes (2: bf16 autocast, 4: float32): bytes per unit of hidden_size, per unit
