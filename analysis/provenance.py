@@ -53,7 +53,8 @@ def _values(configs: Mapping[Any, Mapping[str, Any]], dotted: str) -> str:
     return ", ".join(f"{value} ({n} runs)" for value, n in sorted(counts.items()))
 
 
-def _compute_lines(scalars: pd.DataFrame) -> list[str]:
+def compute_lines(scalars: pd.DataFrame) -> list[str]:
+    """The runs' training, CPU and wall time summed, and the runs that ran contended."""
     total_train, total_wall = scalars["train_time_s"].sum(), scalars["wall_time_s"].sum()
     with_cpu = scalars[~scalars["cpu_missing"]]
     cpu = f"{fmt(with_cpu['cpu_time_s'].sum() / 3600, 3)} h over {len(with_cpu)} runs" if len(with_cpu) else "not logged"
@@ -115,7 +116,7 @@ def provenance(sources: Sequence[Path], scalars: pd.DataFrame, configs: Mapping[
     runtimes = Counter(scalars["runtime"])
     lines.append("- runtime: " + ", ".join(f"{name} ({n} runs)" for name, n in sorted(runtimes.items())))
     lines += [f"- {name}: {_values(used, key)}" for name, key in PROVENANCE_KEYS]
-    return "\n".join(lines + _compute_lines(scalars))
+    return "\n".join(lines + compute_lines(scalars))
 
 
 def figures_markdown(paths: Sequence[Path], relative_to: Path) -> str:

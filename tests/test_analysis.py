@@ -738,7 +738,7 @@ def test_training_time_cpu_time_and_contention(tmp_path):
 
 
 def test_runs_whose_rollout_shared_the_trainers_gpu_are_flagged_in_the_report(tmp_path):
-    from analysis.provenance import _compute_lines
+    from analysis.provenance import compute_lines
 
     root = tmp_path / "shared"
     dump_run(root, "recompute-d2-s0", timing_config("recompute", 0),
@@ -746,10 +746,10 @@ def test_runs_whose_rollout_shared_the_trainers_gpu_are_flagged_in_the_report(tm
     dump_run(root, "loglinear-d2-s0", timing_config("loglinear", 0), flat_records(4, time__step=1.0, time__step_cpu=1.0))
     scalars = run_scalars(load_runs(root))
     assert dict(zip(scalars["run"], scalars["shared_device"])) == {"recompute-d2-s0": True, "loglinear-d2-s0": False}
-    flagged = [line for line in _compute_lines(scalars) if "shared one CUDA device" in line]
+    flagged = [line for line in compute_lines(scalars) if "shared one CUDA device" in line]
     assert len(flagged) == 1 and "1 runs (recompute-d2-s0)" in flagged[0]
     alone = run_scalars(load_runs(root)).query("run == 'loglinear-d2-s0'")
-    assert not [line for line in _compute_lines(alone) if "shared one CUDA device" in line]
+    assert not [line for line in compute_lines(alone) if "shared one CUDA device" in line]
 
 
 def test_speedup_from_training_time_sums_paired_by_seed(tmp_path):

@@ -12,7 +12,9 @@ import pytest
 from analysis.collapses import cell_arm_table, collapse_family, floor_line
 from analysis.family import FamilyTest, decided, judge, judge_family, paired_values, run_test, what_would_decide
 from analysis.figures.arms import _anchor_effect, arm_figures, by_version, with_arms
-from analysis.studies.s6 import ARMS, STRESS_CELLS, STRESS_COLUMNS, collapsed, load_s6, main, plateau, stress_runs, tier_family, tier_runs
+from analysis.provenance import compute_lines
+from analysis.studies.s6 import (ARMS, STRESS_CELLS, STRESS_COLUMNS, collapsed, load_s6, main, plateau, stress_own,
+                                 stress_runs, tier_family, tier_runs)
 from test_report import dump_run
 
 SEEDS = (100, 101, 102, 103)  # four of S6's registered seeds (conf/experiment/s6.yaml)
@@ -154,6 +156,9 @@ def test_stress_collapses_by_fisher_with_holm(tmp_path):
     scalars = load_s6([root, _sweep(tmp_path / "base", seeds=(103, 104))])[2]  # a base cell with seeds 103, 104
     runs, left_out = stress_runs(scalars, seeds=SEEDS)
     assert len(left_out) == 3 * 3 + 3 * 4 * 2  # base cell: seeds 100-102 not started; (3e-5, 8), (1e-5, 8): none
+    own = stress_own(runs)  # tier B's compute leaves out its base cell, tier A's runs
+    assert set(own["lr"]) == {3e-5} and len(own) == 12 and len(runs) == 15
+    assert "over 12 runs" in compute_lines(own)[0]
     stress = collapse_family(runs, ARMS)
     assert list(stress["lr"]) == [1e-5, 1e-5, 3e-5, 3e-5] and list(stress["arm_collapsed"])[:2] == ["0/1"] * 2
     assert stress["p_floor"].tolist() == pytest.approx([1, 1, 1 / 35, 1 / 35])  # 1 vs 1 run, 4 vs 4 runs

@@ -29,7 +29,7 @@ from analysis.load import load_configs, load_runs
 from analysis.markdown import fmt, fmt_spread, markdown_table
 from analysis.outcomes import with_outcomes
 from analysis.power import minimum_detectable_effect, sd_from_interval, tost_seeds_needed
-from analysis.provenance import figures_markdown, generated_line, provenance
+from analysis.provenance import compute_lines, figures_markdown, generated_line, provenance
 from analysis.scalars import plateau_check, run_scalars
 from analysis.stopping import (diverged_line, left_out_line, registered_seeds, reward_of_the_diverged, rows_of,
                                seeds_ended_in_every_arm)
@@ -151,6 +151,11 @@ def stress_runs(scalars: pd.DataFrame, staleness: int = 8, seeds=None) -> tuple[
     return runs, left_out
 
 
+def stress_own(runs: pd.DataFrame) -> pd.DataFrame:
+    """Tier B's runs without its base cell (`TIER_CELL`: tier A's runs, counted in tier A's compute)."""
+    return runs[~(np.isclose(runs["lr"], TIER_CELL[0]) & (runs["n_minibatches"] == TIER_CELL[1]))]
+
+
 ARM_COLUMNS = ("last_evals_reward", "entropy", "clip_ratio", "iw_max", "total_ratio_max", "kl_k3", "cpu_time_s")
 PAPER_MARGIN = 0.02  # the paper's "within 2%", relative to recompute's reward
 
@@ -234,7 +239,8 @@ def report(args: argparse.Namespace) -> list[str]:
         lines += ["", "## Tier B: collapses (Fisher's exact, Holm over the cells)", "",
                   f"Seeds {', '.join(map(str, seeds))} in every cell (the cell lr 1e-05, 4 minibatches is tier A's "
                   "runs of them). " + left_out_line(len(runs), stress_left_out, 3 * len(seeds) * len(STRESS_CELLS))
-                  + " " + floor_line(stress), "", collapse_table(stress), "",
+                  + " " + floor_line(stress), "", "Tier B's own runs (its three cells beyond tier A's):", "",
+                  *compute_lines(stress_own(runs)), "", collapse_table(stress), "",
                   "Each cell's arms (descriptive; mean ± sd over runs):", "", cell_arm_table(runs, ARMS, STRESS_COLUMNS)]
     return lines + ["", "## Figures", "", figures_markdown(arm_figures(df, staleness, args.figures_dir, "s6"), args.out.parent)]
 
