@@ -198,6 +198,7 @@ def test_the_report_command_writes_every_section(tmp_path):
                     "## Deviations from the pre-registration (`docs/studies/s6.md`)"):
         assert heading in text
     assert re.search(r"\| inverse vs recompute +\| R +\|", text) and "**equivalent within ±0.12**" in text
+    assert "Tier B's own runs (its three cells beyond tier A's):\n\n- no runs there yet" in text  # only tier A's cell
     assert "| `step_start` | 0.050 | 1.5% |" in text and "| `inverse` | 0.120 | 4.0% |" in text  # anchors tracked
     assert re.search(r"\| 4 +\| `inverse` +\| all +\| 6.\d\d% +\| 4.\d\d% +\|.*\| more +\|", text)  # the anchor alone
     stems = ("s6_reward_d8", "s6_anchor_free_d8", "s6_clip_split_d8")

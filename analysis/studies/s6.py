@@ -240,7 +240,8 @@ def report(args: argparse.Namespace) -> list[str]:
                   f"Seeds {', '.join(map(str, seeds))} in every cell (the cell lr 1e-05, 4 minibatches is tier A's "
                   "runs of them). " + left_out_line(len(runs), stress_left_out, 3 * len(seeds) * len(STRESS_CELLS))
                   + " " + floor_line(stress), "", "Tier B's own runs (its three cells beyond tier A's):", "",
-                  *compute_lines(stress_own(runs)), "", collapse_table(stress), "",
+                  *(compute_lines(own) if len(own := stress_own(runs)) else ["- no runs there yet"]), "",
+                  collapse_table(stress), "",
                   "Each cell's arms (descriptive; mean ± sd over runs):", "", cell_arm_table(runs, ARMS, STRESS_COLUMNS)]
     return lines + ["", "## Figures", "", figures_markdown(arm_figures(df, staleness, args.figures_dir, "s6"), args.out.parent)]
 
