@@ -151,9 +151,9 @@ def stress_runs(scalars: pd.DataFrame, staleness: int = 8, seeds=None) -> tuple[
     return runs, left_out
 
 
-def stress_own(runs: pd.DataFrame) -> pd.DataFrame:
+def stress_own(runs: pd.DataFrame, staleness: int = 8) -> pd.DataFrame:
     """Tier B's runs without its base cell (`TIER_CELL`: tier A's runs, counted in tier A's compute)."""
-    return runs[~(np.isclose(runs["lr"], TIER_CELL[0]) & (runs["n_minibatches"] == TIER_CELL[1]))]
+    return runs.drop(_cell(runs, staleness, *TIER_CELL).index)
 
 
 ARM_COLUMNS = ("last_evals_reward", "entropy", "clip_ratio", "iw_max", "total_ratio_max", "kl_k3", "cpu_time_s")
