@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from a3po.device import DEVICES, PRECISIONS, RESOLVED_PRECISIONS
+from a3po.device import BF16_GEMMS, DEVICES, PRECISIONS, RESOLVED_PRECISIONS
 from a3po.errors import ConfigError
 from a3po.identity import register_resolvers
 from a3po.maths.corrections import check_combination, check_correction
@@ -131,6 +131,10 @@ def _validate_top(cfg: DictConfig) -> None:
     precision = cfg.get("precision", "auto")
     _require(precision in PRECISIONS or precision in RESOLVED_PRECISIONS, "precision", precision,
              f"allowed: {list(PRECISIONS)}")
+    gemms = cfg.get("bf16_gemms")
+    _require(gemms in BF16_GEMMS, "bf16_gemms", gemms,
+             f"allowed: {list(BF16_GEMMS)} (null: the faster for this CPU; bf16: oneDNN's bf16 GEMM everywhere; "
+             "float32: bf16 operands in the float32 GEMM everywhere)")
     _require(cfg.on_config_change in ON_CONFIG_CHANGE, "on_config_change", cfg.on_config_change,
              f"allowed: {list(ON_CONFIG_CHANGE)}")
     memory_check = memory_check_mode(cfg.get("memory_check", "error"))  # absent (an older config): the default

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 
 import torch
 
@@ -27,6 +28,11 @@ log = logging.getLogger(__name__)
 
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16")
+# `bf16_gemms`: how bf16's GEMMs multiply on a CPU (None: the faster for it; conf/config.yaml)
+BF16_GEMMS = (None, "bf16", "float32")
+# The run's `bf16_gemms`, held in the environment so that every process of the run (a rollout
+# child included) multiplies the same way; set by `pin_bf16_gemms` at the run's start.
+BF16_GEMMS_ENV = "A3PO_BF16_GEMMS"
 # What a run's config records: `auto` is resolved at start, so the record says what ran.
 RESOLVED_PRECISIONS = ("fp32", "bf16", "fp16")
 # Runs written before `precision` existed computed in float32 on a CPU (every committed run).
@@ -134,12 +140,30 @@ def autocast_dtype(device: torch.device, model: torch.nn.Module, precision: str)
     return None
 
 
+def pin_bf16_gemms(mode: str | None, device: torch.device) -> None:
+    """Make `mode` (the run's `bf16_gemms`) this process's and its children's GEMM path for bf16 on
+    a CPU; warn where it pins oneDNN's bf16 GEMM on a CPU that emulates it (slower, same sums)."""
+    if mode not in BF16_GEMMS:
+        raise ConfigError(f"bf16_gemms={mode!r} is not allowed; allowed: {list(BF16_GEMMS)}")
+    os.environ[BF16_GEMMS_ENV] = mode or ""
+    if mode == "bf16" and torch.device(device).type == "cpu" and not bf16_is_faster(device):
+        log.warning("bf16_gemms=bf16 on a CPU where bf16 is not the faster: oneDNN's bf16 GEMM runs %s here, "
+                    "a step some 2.5-3x slower than bf16_gemms=null would take (the same operands and rounding)",
+                    "natively without AMX" if native_bf16(device) else "emulated")
+
+
 def bf16_gemm_in_float32(device: torch.device) -> bool:
-    """Whether `precision=bf16`'s GEMMs multiply in float32 on `device`: a CPU where bf16
-    is not the faster (`auto`'s rule), so oneDNN's bf16 GEMM (emulated, or AVX512-BF16 without
-    AMX) would run slower than MKL's float32 one for the same arithmetic (docs/benchmarks.md)."""
+    """Whether `precision=bf16`'s GEMMs multiply in float32 on `device` (a CPU): as the run's
+    `bf16_gemms` pins it (`pin_bf16_gemms`), or, unpinned, where bf16 is not the faster
+    (`auto`'s rule), so oneDNN's bf16 GEMM (emulated, or AVX512-BF16 without AMX) would run
+    slower than MKL's float32 one for the same arithmetic (docs/benchmarks.md)."""
     device = torch.device(device)
-    return device.type == "cpu" and not bf16_is_faster(device)
+    if device.type != "cpu":
+        return False
+    pinned = os.environ.get(BF16_GEMMS_ENV) or None
+    if pinned is not None:
+        return pinned == "float32"
+    return not bf16_is_faster(device)
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):

@@ -82,6 +82,7 @@ class RunConfig:
     staleness: int
     device: str
     precision: str
+    bf16_gemms: str | None
     output_root: str
     on_config_change: str
     memory_check: Any
@@ -125,7 +126,7 @@ class RunConfig:
 AXES = ("algo", "schedule", "correction", "objective")  # the groups a Choice holds
 # conf/config.yaml's top-level values (tests/test_run_config.py holds them equal), for a partial config.
 TOP_LEVEL = {"experiment_name": "default", "run_name": "", "seed": 0, "staleness": 2, "device": "auto",
-             "precision": "auto", "output_root": "outputs", "on_config_change": "error", "memory_check": "error",
+             "precision": "auto", "bf16_gemms": None, "output_root": "outputs", "on_config_change": "error", "memory_check": "error",
              "memory_check_wait_min": 0}
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import contextlib
 
 import pytest
@@ -10,7 +12,7 @@ import torch
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from a3po.device import (autocast, autocast_dtype, bf16_gemm_in_float32, cpu_vendor, native_bf16, resolve_device,
+from a3po.device import (BF16_GEMMS_ENV, autocast, autocast_dtype, bf16_gemm_in_float32, cpu_vendor, native_bf16, resolve_device,
                          resolve_precision)
 from a3po.errors import ConfigError
 from a3po.gemms import Bf16GemmsInFloat32
@@ -31,6 +33,7 @@ def _cpu_bf16(monkeypatch, avx512_bf16: bool, amx: bool = False, vendor: str = "
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
     monkeypatch.setattr("a3po.device.cpu_vendor", lambda: vendor)
+    monkeypatch.delenv(BF16_GEMMS_ENV, raising=False)  # unpinned: the CPU's rule
 
 
 def test_precision_rule_on_this_cpu_follows_torchs_detection_and_the_vendor():
@@ -279,3 +282,44 @@ def test_hf_engine_samples_as_the_trainer_computes_on_gpu():
         logp, _ = trainer.response_logp(batch.samples)
     behave = torch.cat([s.behave_logp for s in batch.samples]).to(device)
     assert (logp - behave).abs().max().item() < 5e-2
+
+
+@pytest.mark.parametrize("avx512_bf16, amx, vendor", [
+    (False, False, "AuthenticAMD"),   # AMD EPYC without AVX-512: bf16 emulated
+    (True, False, "GenuineIntel"),    # Intel Xeon with AVX512-BF16, no AMX
+    (True, False, "AuthenticAMD"),    # AMD EPYC with AVX512-BF16
+    (True, True, "GenuineIntel")])    # Intel Xeon with AMX
+def test_bf16_gemms_pins_one_gemm_path_on_every_cpu(monkeypatch, avx512_bf16, amx, vendor):
+    """A study that pins `bf16_gemms` multiplies the same way whatever CPU a session lands on; null
+    keeps the CPU's rule; a child process inherits the pin through the environment."""
+    import a3po.device
+    _cpu_bf16(monkeypatch, avx512_bf16, amx, vendor)
+    faster = amx or (avx512_bf16 and vendor != "GenuineIntel")
+    cpu = torch.device("cpu")
+    monkeypatch.setenv(BF16_GEMMS_ENV, "")
+    a3po.device.pin_bf16_gemms(None, cpu)
+    assert bf16_gemm_in_float32(cpu) is (not faster)
+    a3po.device.pin_bf16_gemms("bf16", cpu)
+    assert bf16_gemm_in_float32(cpu) is False and os.environ[BF16_GEMMS_ENV] == "bf16"
+    with autocast(cpu, torch.bfloat16):
+        assert _get_current_function_mode_stack() == []
+    a3po.device.pin_bf16_gemms("float32", cpu)
+    assert bf16_gemm_in_float32(cpu) is True
+    assert bf16_gemm_in_float32(torch.device("meta")) is False  # not a CPU: no effect
+    with pytest.raises(ConfigError, match=r"bf16_gemms='fp16' is not allowed; allowed: \[None, 'bf16', 'float32'\]"):
+        a3po.device.pin_bf16_gemms("fp16", cpu)
+
+
+def test_bf16_gemms_is_checked_at_start_and_recorded(tiny_cfg, monkeypatch):
+    """A bad `bf16_gemms` fails at start naming the key and what is allowed; a good one is what the
+    run's config.yaml records."""
+    from a3po.config import validate_config
+    from a3po.run.main import run, run_dir_of
+
+    with pytest.raises(ConfigError, match=r"bf16_gemms.*'native'.*allowed: \[None, 'bf16', 'float32'\]"):
+        validate_config(tiny_cfg("bf16_gemms=native"))
+    monkeypatch.setenv(BF16_GEMMS_ENV, "")
+    cfg = tiny_cfg("bf16_gemms=float32", "train.total_steps=1", "train.eval_every=0")
+    run(cfg)
+    assert "bf16_gemms: float32" in (run_dir_of(cfg) / "config.yaml").read_text()
+    assert os.environ[BF16_GEMMS_ENV] == "float32"

@@ -249,3 +249,20 @@ def test_the_s2_fidelity_verdicts_follow_the_preregistered_rules():
     assert "| 4 | logp_abs | 3 | -0.0700 |" in text and text.count("| holds |") == 2  # step (3) is before d
     # fitted below step_start at seed 1 (0.05 < 0.06), above at seed 2 (0.07 > 0.04): mixed
     assert "H-S2c (fitted below step_start, log-prob error, held-out seeds): 1 of 2 (seed, d) cells: undecided" in text
+
+
+def test_log_prox_errors_changes_no_training_value(tiny_cfg, tmp_path, earnable_reward):
+    """The telemetry is a diagnostic: a loglinear run with it trains exactly as one without it
+    (every logged value but the telemetry's own and the machine's), so a study may leave it off
+    to save its recompute forward (S8 does)."""
+    from tests.conftest import comparable
+
+    common = ("algo=loglinear", "staleness=2", "train.total_steps=4", "train.n_minibatches=2", "train.lr=1e-3")
+    records = {}
+    for flag in ("false", "true"):
+        cfg = tiny_cfg(*common, f"train.log_prox_errors={flag}", f"experiment_name=prox_errors_{flag}")
+        run(cfg)
+        records[flag] = comparable(read_metrics(run_dir_of(cfg) / "metrics.jsonl"),
+                                   "prox_error/", "drift/", "alpha_fit/", "grad_fidelity/")
+    assert len(records["true"]) == 4
+    assert records["true"] == records["false"]

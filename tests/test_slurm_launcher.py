@@ -1,8 +1,9 @@
 """Every SLURM launcher profile in conf/hydra/launcher/ composes and renders a valid sbatch script.
 
-No cluster needed, so this runs in the fast suite: a key that hydra-submitit-launcher
-1.2.0's schema does not know, a value of the wrong type, or a broken interpolation fails
-CI here instead of at submission time on a cluster.
+No cluster needed, so this runs in the fast suite, on a laptop without SLURM too: a key that
+hydra-submitit-launcher 1.2.0's schema does not know, a value of the wrong type, or a broken
+interpolation fails here instead of at submission time on a cluster. .ci/run runs this file once
+with SLURM's commands absent from PATH, before it installs SLURM.
 """
 
 from __future__ import annotations
@@ -45,6 +46,15 @@ def _site_defaults(monkeypatch: pytest.MonkeyPatch):
     """The profiles' own defaults, whatever the developer's shell exports."""
     for name in SITE_ENV_VARS:
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _answer_the_srun_probe(monkeypatch: pytest.MonkeyPatch):
+    """submitit's SlurmExecutor refuses to be built where `srun` is not on PATH (its `affinity`
+    probe: 'Could not detect "srun"'). Rendering the sbatch script runs nothing, so the probe is
+    answered as a cluster's login node answers it (`affinity` 2 where srun exists); nothing else
+    of submitit is replaced, and no command is run."""
+    monkeypatch.setattr(submitit.SlurmExecutor, "affinity", classmethod(lambda cls: 2))
 
 
 @pytest.fixture

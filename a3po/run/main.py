@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 
 from a3po.allocator import expandable_cuda_segments, retain_freed_memory
 from a3po.config import validate_config, validate_resolved, validate_world
-from a3po.device import resolve_device, resolve_precision
+from a3po.device import pin_bf16_gemms, resolve_device, resolve_precision
 from a3po.distributed import DistInfo, close_distributed, init_distributed, launched_world, rank_device
 from a3po.run.health import RunDiverged
 from a3po.run.loop import train_loop
@@ -63,6 +63,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     cfg.precision = resolve_precision(cfg.precision, device, cfg.model.dtype)
     cfg = RunConfig.of(cfg)
     validate_resolved(cfg)
+    pin_bf16_gemms(cfg.bf16_gemms, device)  # before the memory check, which counts the GEMMs' operands
     # Will it fit? Before the run directory is claimed and any weight loads, so a config too large
     # for the machine stops in seconds with a config error instead of the OOM killer's exit 137.
     # Every rank checks its own device (a refused rank ends a torchrun job).
