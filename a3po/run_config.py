@@ -49,6 +49,11 @@ class TaskConfig(Group):
     hub_id: str = "openai/gsm8k"
     hub_config: str = "main"
     held_out_fraction: Any = 0.2
+    # task=reasoning_gym (a3po/tasks/reasoning_gym.py): the dataset, its own config keys (null: its
+    # defaults) and how many problems are generated for the two splits
+    dataset: Any = "leg_counting"
+    config: Any = None
+    size: Any = 2000
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,8 @@ tokens and seeding), so it measures exactly what training samples, and prints th
 with its standard error, e.g.
 
     python -m a3po.rollout.calibrate --level 1 --prompts 32 --samples 4
+    python -m a3po.rollout.calibrate --task reasoning_gym --dataset leg_counting \
+        --dataset-config min_animals=2 --dataset-config max_animals=3 --prompts 32 --samples 4
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ import dataclasses
 import math
 import sys
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
+import yaml
 
 from a3po.errors import EXIT_CONFIG_ERROR, ConfigError
 from a3po.models import load_policy
 from a3po.rollout.hf import HFEngine
+from a3po.run_config import TaskConfig
 from a3po.schema import RolloutConfig
 from a3po.tasks import ANSWER_INSTRUCTION, build_task, encode_prompt, validate_task_cfg
 
@@ -75,7 +79,45 @@ def measure_mean_reward(
 # (a3po.schema), so calibration samples nothing a run would refuse.
 ROLLOUT_FLAGS = {"temperature": "--temperature", "top_p": "--top-p", "max_new_tokens": "--max-new-tokens"}
 # task.<key> -> the flag that sets it
-TASK_FLAGS = {"name": "--task", "level": "--level", "path": "--path", "operations": "--operations"}
+TASK_FLAGS = {"name": "--task", "level": "--level", "path": "--path", "operations": "--operations",
+              "dataset": "--dataset", "config": "--dataset-config", "size": "--size"}
+
+
+def dataset_config(pairs: Sequence[str] | None) -> dict[str, Any] | None:
+    """`--dataset-config KEY=VALUE` flags as task.config (each value read as YAML, as Hydra reads
+    an override's: 3 an int, [1, 2] a list); None where there are none."""
+    if not pairs:
+        return None
+    config = {}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        if not equals or not key.strip():
+            raise ConfigError(f"--dataset-config={pair!r} is not allowed; it must be KEY=VALUE, a key of the dataset's "
+                              "config (task.config.KEY)")
+        config[key.strip()] = yaml.safe_load(value)
+    return config
+
+
+def task_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The task.* keys the flags set (the reasoning_gym flags only where an older caller's
+    Namespace has them)."""
+    task_cfg = {"name": args.task, "level": args.level, "path": args.path}
+    if args.operations:
+        task_cfg["operations"] = args.operations.split(",")
+    if args.task == "reasoning_gym":
+        for key in ("dataset", "size"):
+            if getattr(args, key, None) is not None:
+                task_cfg[key] = getattr(args, key)
+        task_cfg["config"] = dataset_config(getattr(args, "dataset_config", None))
+    return task_cfg
+
+
+def task_label(task_cfg: dict[str, Any]) -> str:
+    """How the result line names the task: its name and the keys that pick its problems."""
+    task = TaskConfig.of(task_cfg, "task")
+    if task.name == "reasoning_gym":
+        return f"task=reasoning_gym dataset={task.dataset} config={task.config or {}}"
+    return f"task={task.name} level={task.level}"
 
 
 def check_args(args: argparse.Namespace) -> dict:
@@ -93,13 +135,11 @@ def check_args(args: argparse.Namespace) -> dict:
         value = getattr(args, key)
         if not rules[key]["ok"](value):
             raise ConfigError(f"{flag}={value!r} is not allowed; {rules[key]['allowed']} (as rollout.{key})")
-    task_cfg = {"name": args.task, "level": args.level, "path": args.path}
-    if args.operations:
-        task_cfg["operations"] = args.operations.split(",")
+    task_cfg = task_config(args)
     try:
         validate_task_cfg(task_cfg)
-    except ConfigError as err:  # it names task.<key>: name the flag that set it as well
-        key = str(err).split("=")[0].split(" ")[0].removeprefix("task.")
+    except ConfigError as err:  # it names task.<key> (task.config.<key>): name the flag that set it as well
+        key = str(err).split("=")[0].split(" ")[0].removeprefix("task.").split(".")[0]
         flag = TASK_FLAGS.get(key)
         raise ConfigError(f"{flag}: {err}" if flag else str(err)) from None
     return task_cfg
@@ -115,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--operations", default=None, help="words: comma-separated, e.g. add,sub")
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="the engine's, as a run's")
     parser.add_argument("--path", default=None, help="local GSM8K file or directory")
+    parser.add_argument("--dataset", default=None, help="reasoning_gym: the reasoning-gym dataset (task.dataset)")
+    parser.add_argument("--dataset-config", action="append", metavar="KEY=VALUE",
+                        help="reasoning_gym: one of the dataset's config keys (task.config.KEY); repeat for more")
+    parser.add_argument("--size", type=int, default=None, help="reasoning_gym: problems generated (task.size)")
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=32)
@@ -156,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for question, answer, completion, score in result["examples"]:
         print(f"{question!r} (gold {answer}) -> {completion!r} score={score}")
     print(
-        f"task={args.task} level={args.level} n={result['n']} "
+        f"{task_label(task_cfg)} n={result['n']} "
         f"mean_reward={result['mean_reward']:.3f} +- {result['standard_error']:.3f} "
         f"malformed={result['malformed_rate']:.3f} truncated={result['truncated_rate']:.3f} "
         f"({time.perf_counter() - started:.0f}s)"

@@ -75,8 +75,8 @@ GSM8K_QUESTION_TOKENS_BOUND = 400
 
 def _longest_question(task_cfg: Any) -> str | None:
     """The task's longest question by characters, where it is cheap to know: every arith
-    problem of the level (at most 15,552), every word problem (37,440), a local GSM8K file;
-    None for GSM8K from the hub."""
+    problem of the level (at most 15,552), every word problem (37,440), a local GSM8K file, a
+    reasoning-gym dataset's generated problems; None for GSM8K from the hub."""
     from a3po.tasks import build_task
     from a3po.tasks.arith import level_problems
 
@@ -87,7 +87,7 @@ def _longest_question(task_cfg: Any) -> str | None:
     if name == "words":
         from a3po.tasks.words import check_operations, word_problems
         return max((p.question for p in word_problems(check_operations(task_cfg.operations))), key=len)
-    if name == "gsm8k" and task_cfg.path:
+    if (name == "gsm8k" and task_cfg.path) or name == "reasoning_gym":  # a reasoning-gym build is cached
         task = build_task(task_cfg, seed=0)
         problems = [*task.train, *task.held_out]
         return max((p.question for p in problems), key=len) if problems else None

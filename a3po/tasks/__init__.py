@@ -9,6 +9,7 @@ from a3po.run_config import TaskConfig
 from a3po.tasks.arith import LEVELS, ArithTask
 from a3po.tasks.base import ANSWER_INSTRUCTION, Problem, RewardResult, Task, encode_prompt, render_prompt
 from a3po.tasks.gsm8k import GSM8KTask, local_path_missing
+from a3po.tasks.reasoning_gym import ReasoningGymTask, check_dataset
 from a3po.tasks.words import WordsTask, check_operations
 
 __all__ = [
@@ -37,8 +38,13 @@ def _build_words(task_cfg: TaskConfig, seed: int) -> WordsTask:
     return WordsTask(operations=tuple(task_cfg.operations), seed=seed, held_out_fraction=task_cfg.held_out_fraction)
 
 
+def _build_reasoning_gym(task_cfg: TaskConfig, seed: int) -> ReasoningGymTask:
+    return ReasoningGymTask(dataset=task_cfg.dataset, seed=seed, config=task_cfg.config, size=task_cfg.size,
+                            held_out_fraction=task_cfg.held_out_fraction)
+
+
 TASKS: dict[str, Callable[[TaskConfig, int], Task]] = {"arith": _build_arith, "gsm8k": _build_gsm8k,
-                                                        "words": _build_words}
+                                                        "words": _build_words, "reasoning_gym": _build_reasoning_gym}
 
 
 def validate_task_cfg(task_cfg: Any) -> None:
@@ -59,6 +65,8 @@ def validate_task_cfg(task_cfg: Any) -> None:
             raise ConfigError(f"task.level={level!r} is not a level; allowed: {sorted(LEVELS)}")
     if name == "words":
         check_operations(task_cfg.operations)
+    if name == "reasoning_gym":
+        check_dataset(task_cfg.dataset, task_cfg.config, task_cfg.size, fraction)
     if name == "gsm8k":
         path = task_cfg.path
         if path is not None and (not isinstance(path, str) or not path):
