@@ -52,18 +52,26 @@ $(VENV_RLIABLE)/.a3po-rliable-installed: pyproject.toml
 	$(VENV_RLIABLE)/bin/python -c "import rliable.library, scipy"
 	touch $@
 
+# experiments/demo.py: the shape for the precision `auto` gives here (demo.yaml in bf16,
+# demo_fp32.yaml in fp32), two runs at once (Hydra's joblib launcher), then the figures.
 demo: setup
-	$(PY) experiments/train.py -m experiment=demo
-	$(PY) -m analysis.figures outputs/demo --out outputs/demo/figures
+	$(PY) experiments/demo.py
 
 figures: setup
 	$(PY) -m analysis.figures outputs/demo --out outputs/demo/figures
 
+# Independent tests run in parallel, one pytest-xdist worker per core (TEST_JOBS), each with one
+# torch thread; the tiers that start a cluster, open ports or hold an engine's memory (slurm,
+# distributed, vllm) run after them, one at a time. Both invocations print their own summary;
+# `make test` fails if either fails.
+TEST_JOBS ?= auto
+SERIAL_TIERS := slurm or distributed or vllm
 test: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_JOBS) -m "not ($(SERIAL_TIERS))" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "$(SERIAL_TIERS)" $(PYTEST_ARGS)
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow and not vllm and not slurm and not distributed" $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_JOBS) -m "not slow and not vllm and not slurm and not distributed" $(PYTEST_ARGS)
 
 clean-demo:
 	rm -rf outputs/demo

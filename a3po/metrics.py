@@ -126,6 +126,8 @@ METRICS: tuple[Metric, ...] = (
              "started, and what its caching allocator holds now", "memory/cuda_peak", "memory/cuda_reserved"),
     Metric("runtime/shared_device", "runtime", "step", "async: 1 when rollout and training share one CUDA device "
            "(each thread's phase times include the other's kernels; docs/design.md, Timing keys)"),
+    Metric("machine/threads", "loop", "step", "torch's intra-op threads the step ran with: the cores a run can use, "
+           "which the contention flag holds its CPU time against (analysis.scalars.contended)"),
     Metric(COLLAPSED, "loop", "step", "1 when the policy has collapsed (a3po.run.health), else 0"),
     Metric(COLLAPSE_STEP, "loop", "step", "while collapsed: the first step of the collapse"),
     Metric(DIVERGED, "loop", "step", "1 on the one line a diverged run logs for the step it stopped at"),
@@ -134,7 +136,7 @@ METRICS: tuple[Metric, ...] = (
 
 # Keys that measure the machine (time, memory), not the run's arithmetic: two runs that compute
 # the same numbers (one resumed, one not; one rank or two) log different values for them.
-MACHINE_PREFIXES = ("time/", "memory/")
+MACHINE_PREFIXES = ("time/", "memory/", "machine/")
 
 
 def is_machine_figure(key: str) -> bool:

@@ -18,6 +18,7 @@ from a3po.identity import LEGACY_VALUES
 from analysis.markdown import fmt
 from analysis.plotting import SaveOptions
 from analysis.runs import lookup
+from analysis.scalars import contention_rule
 
 
 def head_commit() -> str:
@@ -62,7 +63,7 @@ def compute_lines(scalars: pd.DataFrame) -> list[str]:
     names = ", ".join(sorted(flagged["run"])[:10]) + (" ..." if len(flagged) > 10 else "")
     lines = [f"- compute: training time (sum of time/step) {fmt(total_train / 3600, 3)} h; CPU time {cpu}; "
              f"wall time at the last step, summed over runs, {fmt(total_wall / 3600, 3)} h",
-             f"- contention (wall/CPU > 1.25, under 0.8 of a core): {len(flagged)} of {len(scalars)} runs"
+             f"- contention ({contention_rule(scalars)}): {len(flagged)} of {len(scalars)} runs"
              + (f" ({names})" if len(flagged) else "")]
     if "shared_device" in scalars and scalars["shared_device"].any():
         shared = sorted(scalars[scalars["shared_device"]]["run"])

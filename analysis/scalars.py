@@ -53,8 +53,8 @@ DIAGNOSTIC_MEANS = {
 }
 ALL_MEANS = {**STEP_MEANS, **DIAGNOSTIC_MEANS}
 
-# wall / CPU above this means the process ran on less than 1 / 1.25 = 0.8 of a core on
-# average over its training steps (see `contended`).
+# wall x threads / CPU above this means the process ran on less than 1 / 1.25 = 0.8 of the cores
+# its threads could use, on average over its training steps (see `contended`).
 CONTENTION_RATIO = 1.25
 
 IDENTITY = ["label", "variant", "algo", "schedule", "correction", "objective", "runtime", "staleness",
@@ -82,21 +82,31 @@ def plateau_check(evals, bound: float) -> tuple[Interval, bool]:
     return interval, bool(interval.known and interval.high < bound)
 
 
-def contended(wall_s: float, cpu_s: float, ratio: float = CONTENTION_RATIO) -> bool:
+def contended(wall_s: float, cpu_s: float, ratio: float = CONTENTION_RATIO, threads: float = 1.0) -> bool:
     """Whether a run's timings are suspect because it shared the machine.
 
-    Rule: wall / CPU > 1.25 over the same training steps, i.e. the process got less than
-    0.8 of a core on average. A CPU-bound trainer keeps at least one core busy (torch's
-    intra-op threads usually more), so a lower share means it waited for cores that other
-    jobs held, and its wall time (hence any speedup computed from it) is inflated by them.
-    The rule only catches contention that pushed the process below 0.8 core: a
-    multi-threaded run squeezed from 2 cores to 1 is not flagged. A GPU run legitimately
-    idles its CPU while kernels run, so on GPU runs the flag means "check", not "bad".
-    Missing or zero CPU time: not flagged (unknown, reported as CPU missing instead).
+    Rule: wall x threads / CPU > 1.25 over the same training steps, i.e. the process got less
+    than 0.8 of the cores its `threads` torch threads could use (`machine/threads`; runs logged
+    before that key count as one thread). A CPU-bound trainer keeps its threads busy, so a lower
+    share means it waited for cores that other jobs held, and its wall time (hence any speedup
+    computed from it) is inflated by them. With one thread that is the old rule, wall / CPU >
+    1.25; a 2-thread run squeezed onto one core reads 2 x wall / CPU near 2 and is flagged
+    (tests/test_contention.py runs one beside a CPU hog). A GPU run legitimately idles its CPU
+    while kernels run, so on GPU runs the flag means "check", not "bad". Missing or zero CPU
+    time: not flagged (unknown, reported as CPU missing instead).
     """
     if not (np.isfinite(wall_s) and np.isfinite(cpu_s)) or cpu_s <= 0:
         return False
-    return wall_s / cpu_s > ratio
+    threads = threads if np.isfinite(threads) and threads >= 1 else 1.0
+    return wall_s * threads / cpu_s > ratio
+
+
+def contention_rule(scalars: pd.DataFrame) -> str:
+    """The contention rule as a report states it: wall / CPU for one-thread runs (every run logged
+    before `machine/threads` counts as one), wall x threads / CPU where some run used more."""
+    if "threads" in scalars and (scalars["threads"] > 1).any():
+        return "wall x threads / CPU > 1.25, under 0.8 of the cores its threads could use"
+    return "wall/CPU > 1.25, under 0.8 of a core"
 
 
 def _per_run(df: pd.DataFrame, metric: str, how: str, name: str) -> pd.Series:
@@ -122,7 +132,10 @@ def _timing(df: pd.DataFrame, identity: pd.DataFrame) -> pd.DataFrame:
     out["cpu_missing"] = out["cpu_time_s"].isna()
     out["wall_cpu_ratio"] = [t / c if np.isfinite(c) and c > 0 else math.nan
                              for t, c in zip(out["train_time_s"], out["cpu_time_s"])]
-    out["contended"] = [contended(t, c) for t, c in zip(out["train_time_s"], out["cpu_time_s"])]
+    # runs logged before `machine/threads` existed count as one thread (the rule they were judged by)
+    out["threads"] = _per_run(df, "machine/threads", "max", "threads").reindex(out.index).fillna(1.0)
+    out["contended"] = [contended(t, c, threads=n) for t, c, n in
+                        zip(out["train_time_s"], out["cpu_time_s"], out["threads"])]
     # runtime=async with rollout and training on one CUDA device: their phase times overlap
     shared = _per_run(df, "runtime/shared_device", "max", "shared_device").reindex(out.index)
     out["shared_device"] = shared.fillna(0).astype(bool)

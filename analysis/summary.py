@@ -97,6 +97,8 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
     )
     aggregations.update({f"{name}_mean": (name, "mean") for name in STEP_MEANS})
     aggregations.update({f"{name}_mean": (name, "mean") for name in DIAGNOSTIC_MEANS if kept[name].notna().any()})
+    if (kept["threads"] > 1).any():  # only where some run used several threads (older summaries unchanged)
+        aggregations["threads_max"] = ("threads", "max")
     table = outcomes.merge(grouped.agg(**aggregations).reset_index(), on=GROUP, how="left")
     table = table.merge(_speedups(kept), on=GROUP, how="left")
     for column in ("n_seeds", "n_incomplete", "n_diverged", "n_collapsed", "n_contended", "n_cpu_missing"):
@@ -181,6 +183,9 @@ TIME_NOTE = (
     "reached: mean of staleness/mean and max of staleness/max over steady-state steps. Final reward: "
     "mean of reward/mean over the last 10% of a run's steps; final eval reward: the last eval/reward. "
     "Incomplete runs count up to their last logged step.")
+THREADS_NOTE = (
+    "Runs of several torch threads (machine/threads) are held to wall x threads / CPU > 1.25: under 0.8 "
+    "of the cores their threads could use.")
 STEADY_NOTE = (
     "Steady state only: every number here is a mean over steps >= D (D = the staleness, or the async "
     "bound), because the first D steps train on fresher data than D; then the mean over seeds. A run "
@@ -190,7 +195,8 @@ STEADY_NOTE = (
 def summary_markdown(table: pd.DataFrame) -> str:
     """This sweep's tables (time and reward; steady-state diagnostics; off-policy
     diagnostics where logged), then the paper's numbers for the same quantities."""
-    time_note = TIME_NOTE + (" " + EXCLUDED_NOTE if _flagged(table) else "")
+    time_note = TIME_NOTE + (" " + THREADS_NOTE if "threads_max" in table else "") + \
+        (" " + EXCLUDED_NOTE if _flagged(table) else "")
     parts = ["## This sweep", "", markdown_table(*_time_rows(table)), "", time_note, "",
              "### Steady-state diagnostics (steps >= D)", "", markdown_table(*_steady_rows(table)), "",
              STEADY_NOTE, ""]

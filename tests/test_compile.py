@@ -39,8 +39,10 @@ def _step(tiny_cfg, precision, compile_, *overrides):
 
 
 @pytest.mark.slow
+# bf16's float32 GEMMs are compiled with activation checkpointing only: that case runs the plain
+# compiled forward too, and each compile costs about a minute of a 2-core machine's test time.
 @pytest.mark.parametrize("precision,tolerance,overrides,gemm32", [
-    ("fp32", 1e-5, (), False), ("bf16", 2e-2, (), False), ("bf16", 2e-2, (), True),
+    ("fp32", 1e-5, (), False), ("bf16", 2e-2, (), False),
     ("fp32", 1e-5, ("train.activation_checkpointing=true",), False),
     ("bf16", 2e-2, ("train.activation_checkpointing=true",), True)])
 def test_compiled_step_equals_eager_within_rounding(tiny_cfg, monkeypatch, precision, tolerance, overrides, gemm32):

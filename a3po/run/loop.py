@@ -51,6 +51,7 @@ def train_step(parts: RunParts, step: int) -> dict[str, Any]:
     diagnostic_wall, diagnostic_cpu = timer.spent(DIAGNOSTIC_PHASES)
     metrics["time/step"] = time.perf_counter() - wall_start - diagnostic_wall
     metrics["time/step_cpu"] = time.process_time() - cpu_start - diagnostic_cpu
+    metrics["machine/threads"] = float(torch.get_num_threads())  # what the CPU time is held against
     total_steps, every = cfg.train.total_steps, cfg.train.eval_every
     if dist.is_main and every and ((step + 1) % every == 0 or step + 1 == total_steps):
         with timer.phase("eval"):

@@ -60,7 +60,7 @@ from analysis.markdown import fmt, fmt_pm
 from analysis.outcomes import excluded_of, with_outcomes
 from analysis.power import ALPHA
 from analysis.runs import DEFAULT_SCHEDULE, LEGACY_VALUES
-from analysis.scalars import context_of, run_scalars
+from analysis.scalars import context_of, contention_rule, run_scalars
 from analysis.stats import Interval, difference_ci, mean_ci
 
 __all__ = ["CLAIMS", "Claim", "compare", "evaluate_claims", "judge", "verdict", "equivalence_verdict"]
@@ -133,7 +133,7 @@ def _notes(claim: Claim, rows: pd.DataFrame, how: str, interval: Interval, names
     if claim.column in ("train_time_s", "cpu_time_s"):
         flagged = int(rows["contended"].sum())
         if flagged:
-            notes.append(f"{flagged} of {len(rows)} runs contended (wall/CPU > 1.25)")
+            notes.append(f"{flagged} of {len(rows)} runs contended ({contention_rule(rows).split(',')[0]})")
         if claim.column == "train_time_s" and (rows["time_basis"] == "wall_time").any():
             notes.append("some runs lack time/step: wall time used")
     return notes
