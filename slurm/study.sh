@@ -4,7 +4,7 @@
 #
 #   slurm/study.sh EXPERIMENT COMMIT [HYDRA OVERRIDES...]     # e.g. slurm/study.sh s8_pilot 65b48ac
 #   slurm/study.sh --pack EXPERIMENT                          # pack the ended runs into docs/logs/running/
-#   slurm/study.sh --stop                                     # USR2 to every running task: a checkpoint, then exit
+#   slurm/study.sh --stop                                     # every running run checkpoints and exits
 #
 # It starts the local cluster if it is down (slurm/local_cluster.sh), makes a detached worktree of
 # COMMIT at $A3PO_WORKTREES/EXPERIMENT-COMMIT (default /work/wt) if there is none, restores the
@@ -14,25 +14,36 @@
 # PYTHONPATH: edits to this checkout never reach a running job. Rerunning it resumes each run
 # from its last checkpoint; ended runs exit at once. The submitting process blocks until the
 # array ends (run it in the background: its log is $A3PO_STUDY_OUTPUTS/EXPERIMENT/submit.log).
-# --stop sends USR2 to the tasks' job steps (not the batch shell, which dies of it): each run
-# finishes its step, writes its checkpoint and exits; the array waits for the next submission.
+# --stop holds the arrays, sends USR2 to the running tasks' job steps (not the batch shell, which
+# dies of it): each run finishes its step and writes its checkpoint. It waits for them (up to
+# 10 minutes, the studies' signal_delay_s), then cancels the arrays; the next submission resumes.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 python=${A3PO_PYTHON:-$repo/.venv/bin/python}
 outputs=$(realpath -m "${A3PO_STUDY_OUTPUTS:-$repo/outputs}")
 worktrees=${A3PO_WORKTREES:-/work/wt}
+running=${A3PO_RUNNING_LOGS:-$repo/docs/logs/running}   # where ended runs are carried between machines
 export SLURM_CONF=${SLURM_CONF:-${A3PO_SLURM_DIR:-/tmp/a3po-slurm}/etc/slurm.conf}
 
 usage() { sed -n '2,8p' "$0" >&2; exit 2; }
 
 case "${1:-}" in
     --stop)
+        # hold what waits, signal what runs, wait for each run's checkpoint, then cancel the arrays
+        arrays=$(squeue -h -o "%F" | sort -u)
+        for array in $arrays; do scontrol hold "$array" 2>/dev/null || true; done
         for task in $(squeue -h -t R -o "%i"); do scancel --signal=USR2 "$task"; done
+        for _ in $(seq 120); do
+            [ -z "$(squeue -h -t R,CG -o "%i")" ] && break
+            sleep 5
+        done
+        for array in $arrays; do scancel "$array"; done
+        echo "study.sh: stopped; each run resumes from its checkpoint at the next submission" >&2
         exit 0 ;;
     --pack)
         [ $# -eq 2 ] || usage
-        mkdir -p "$repo/docs/logs/running"
-        "$python" -m analysis.logs pack "$outputs/$2" "$repo/docs/logs/running/$2.tar.xz" --ended
+        mkdir -p "$running"
+        "$python" -m analysis.logs pack "$outputs/$2" "$running/$2.tar.xz" --ended
         exit 0 ;;
     ""|-*) usage ;;
 esac
@@ -50,7 +61,7 @@ if [ ! -d "$tree" ]; then
 fi
 [ "$(git -C "$tree" rev-parse HEAD)" = "$(git -C "$repo" rev-parse "$commit^{commit}")" ] || {
     echo "study.sh: $tree is not at $commit" >&2; exit 2; }
-carried=$repo/docs/logs/running/$experiment.tar.xz
+carried=$running/$experiment.tar.xz
 if [ -f "$carried" ]; then
     "$python" -m analysis.logs unpack "$carried" "$outputs"
 fi
