@@ -70,6 +70,7 @@ def validate_world(cfg: DictConfig, world: int) -> None:
              "whole gradient; FSDP shards it)")
     _require(world == 1 or not cfg.train.get("compile", False), "train.compile", cfg.train.get("compile"),
              f"false with a world size of {world} processes (compiled layers are not validated with FSDP2 yet)")
+    _validate_collective_timeout(cfg, world)
     train = cfg.train
     n = train.n_prompts * train.n_samples
     smallest = n // train.n_minibatches
@@ -83,6 +84,20 @@ def validate_world(cfg: DictConfig, world: int) -> None:
         f"train.n_prompts * train.n_samples = {n} samples cut into {train.n_minibatches} minibatches leaves "
         f"{smallest} in the smallest, and each of the {world} ranks needs at least one; {allowed}"
     )
+
+
+def _validate_collective_timeout(cfg: DictConfig, world: int) -> None:
+    """Under torchrun with rollout=vllm the other ranks wait in a collective while rank 0 starts
+    the vLLM child (up to a3po.rollout.vllm_child.START_TIMEOUT_S): a shorter timeout fails them."""
+    minutes = cfg.train.get("collective_timeout_min")
+    if world == 1 or minutes is None or cfg.rollout.name != "vllm":
+        return
+    from a3po.rollout.vllm_child import START_TIMEOUT_S
+
+    start = START_TIMEOUT_S / 60
+    _require(minutes > start, "train.collective_timeout_min", minutes,
+             f"more than {start:g} minutes with rollout=vllm at a world size of {world} processes (the other ranks "
+             f"wait in a collective while rank 0 starts the vLLM child, which may take {start:g}), or null for 30")
 
 
 def validate_resolved(cfg: Any) -> None:

@@ -14,10 +14,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
+
+# `train.collective_timeout_min: null`: how long a rank waits in a collective (or for the others
+# to join the group) before the job fails. Above every wait that rank 0 makes alone while the
+# others sit in a collective: the vLLM child's start (a3po.rollout.vllm_child.START_TIMEOUT_S,
+# 15 min), a checkpoint's write, an eval, a batch's generation. torch's own default is 10 min.
+COLLECTIVE_TIMEOUT_MIN = 30.0
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -50,9 +57,15 @@ def adopt_submitit_tasks() -> None:
         TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
 
 
-def init_distributed(device: torch.device) -> DistInfo:
+def collective_timeout(minutes: float | None) -> timedelta:
+    """`train.collective_timeout_min` as the process group's timeout (null: COLLECTIVE_TIMEOUT_MIN)."""
+    return timedelta(minutes=COLLECTIVE_TIMEOUT_MIN if minutes is None else float(minutes))
+
+
+def init_distributed(device: torch.device, timeout_min: float | None = None) -> DistInfo:
     """Join torchrun's process group (nccl on cuda, gloo on cpu); world 1 without torchrun.
-    On cuda each rank takes cuda:LOCAL_RANK (see `rank_device`)."""
+    On cuda each rank takes cuda:LOCAL_RANK (see `rank_device`). `timeout_min`
+    (`train.collective_timeout_min`): how long a collective waits for the slowest rank."""
     world = launched_world()
     if world == 1:
         return SINGLE
@@ -60,7 +73,7 @@ def init_distributed(device: torch.device) -> DistInfo:
     if not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(local_rank)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=collective_timeout(timeout_min))
     return DistInfo(rank=rank, world=world, local_rank=local_rank, is_main=rank == 0)
 
 

@@ -56,6 +56,7 @@ RESULT_NEUTRAL_KEYS = (
     "train.collapse_grad_norm",
     "train.collapse_steps",
     "runtime.shutdown_timeout_s",
+    "train.collective_timeout_min",  # how long ranks wait for each other; no number changes
 )
 EXTENSIBLE_KEY = "train.total_steps"
 DERIVED_KEYS = ("identity",)  # built from the other keys (a3po.identity): compared through them, never itself

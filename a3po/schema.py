@@ -108,6 +108,8 @@ class TrainConfig(Group):
     activation_checkpointing: bool = rule(False, FLAG)
     compile: bool = rule(False, FLAG)
     fsdp_mixed_precision: bool = rule(False, FLAG)
+    collective_timeout_min: float | None = rule(  # null: a3po.distributed.COLLECTIVE_TIMEOUT_MIN
+        None, "it must be a number of minutes > 0, or null for 30", lambda v: 0 < v < math.inf)
     collapse_entropy: float | None = rule(
         None, "it must be a number >= 0 (nats per token; 0 never flags a collapse), or null for 1e-3", lambda v: v >= 0)
     collapse_grad_norm: float | None = rule(

@@ -4,7 +4,9 @@ a3po.maths.proximal's `Method` (`behave`, `recompute`, `approximate`, `hybrid`),
 
 `decide(version, probe)` says whether the step trains against recompute's forward (and what
 to log about that); `approximate(...)` gives one micro-batch's anchor when it does not. The
-trainer runs the forwards; a strategy never sees the trainer.
+trainer runs the forwards; a strategy never sees the trainer, only its device, on which the
+metrics it logs are made (a3po.learner.step_metrics refuses a metric on another device: the
+multi-rank reduction concatenates every metric into one tensor for its collective).
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class Hybrid(Interpolation):
 
     every: int = 0
     min_ess: float | None = None
+    device: torch.device = torch.device("cpu")  # the trainer's: where `hybrid/recomputed` is made
 
     def decide(self, version: int, probe: Probe) -> tuple[bool, dict[str, torch.Tensor]]:
         logged: dict[str, torch.Tensor] = {}
@@ -78,17 +81,18 @@ class Hybrid(Interpolation):
             return float(logged["hybrid/drift_ess"])
 
         recompute = recomputes_at(version, self.every, self.min_ess, measured)
-        return recompute, {**logged, "hybrid/recomputed": torch.tensor(float(recompute))}
+        return recompute, {**logged, "hybrid/recomputed": torch.tensor(float(recompute), device=self.device)}
 
 
 def _interpolation(method: Method, algo_params: Mapping[str, Any], schedule: str,
-                   schedule_params: Mapping[str, Any]) -> Interpolation:
+                   schedule_params: Mapping[str, Any], device: torch.device) -> Interpolation:
     return Interpolation(method.name, schedule, dict(schedule_params))
 
 
-def _hybrid(method: Method, algo_params: Mapping[str, Any], schedule: str, schedule_params: Mapping[str, Any]) -> Hybrid:
+def _hybrid(method: Method, algo_params: Mapping[str, Any], schedule: str, schedule_params: Mapping[str, Any],
+            device: torch.device) -> Hybrid:
     return Hybrid(method.name, schedule, dict(schedule_params), every=int(algo_params["every"]),
-                  min_ess=algo_params["min_ess"])
+                  min_ess=algo_params["min_ess"], device=device)
 
 
 BUILDERS: dict[str, Callable[..., Anchor]] = {
@@ -100,6 +104,7 @@ BUILDERS: dict[str, Callable[..., Anchor]] = {
 
 
 def build_anchor(method: Method, algo_params: Mapping[str, Any], schedule: str,
-                 schedule_params: Mapping[str, Any]) -> Anchor:
-    """The strategy for `method`'s anchor kind, with its checked parameters."""
-    return BUILDERS[method.anchor](method, algo_params, schedule, schedule_params)
+                 schedule_params: Mapping[str, Any], device: torch.device | str = "cpu") -> Anchor:
+    """The strategy for `method`'s anchor kind, with its checked parameters; `device`: the
+    trainer's, on which the strategy makes the metrics it logs."""
+    return BUILDERS[method.anchor](method, algo_params, schedule, schedule_params, torch.device(device))

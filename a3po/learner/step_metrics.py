@@ -1,6 +1,12 @@
 """The trainer's per-step metrics, reduced over the step's micro-batches and minibatches as
 a3po.metrics declares each name. Values stay on the device as 0-dim tensors until
 `result()`, which reads them all in one host transfer (one sync per step on a GPU).
+
+Every value must be on the trainer's device, in every run: across ranks the values are
+concatenated into one tensor per collective, which nccl needs on the GPU (a CPU tensor among
+them fails the first multi-GPU step, never a CPU test), so `add` refuses one on another device
+at its first step, naming it, single-process runs included (tests/test_gpu_path.py stands
+'meta' in for a GPU).
 """
 
 from __future__ import annotations
@@ -14,10 +20,29 @@ from a3po.metrics import reduction_of
 __all__ = ["StepMetrics"]
 
 
-class StepMetrics:
-    """Collects one step's values; `result()` reduces them as a3po.metrics declares."""
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """Whether two devices are one: the same type and index (`cuda` without an index is the
+    current GPU, which a rank's `cuda:<LOCAL_RANK>` is)."""
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
 
-    def __init__(self) -> None:
+
+def check_device(name: str, value: torch.Tensor, device: torch.device, whose: str = "the trainer's device") -> None:
+    """RuntimeError naming the metric when `value` is not on `device` (`whose`: what it is)."""
+    if not same_device(value.device, device):
+        raise RuntimeError(
+            f"metric {name!r} is on {value.device}, not on {device} ({whose}): every metric of a step must be "
+            f"made on the trainer's device (the multi-rank reduction concatenates them all for one collective, "
+            f"which needs them on the device the process group communicates from)")
+
+
+class StepMetrics:
+    """Collects one step's values; `result()` reduces them as a3po.metrics declares. `device`:
+    the trainer's, which every value must be on; None: the first value's (values on two devices
+    are still refused)."""
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        self.device = None if device is None else torch.device(device)
+        self._whose = "the trainer's device"
         self._values: dict[str, list[torch.Tensor]] = {}
         self._tokens: dict[str, list[torch.Tensor]] = {}
 
@@ -26,6 +51,9 @@ class StepMetrics:
         weight = None  # one tensor per call, shared by its values (not one host copy per value)
         for name, value in values.items():
             reduction_of(name)  # an unknown name fails here, at its first step
+            if self.device is None:
+                self.device, self._whose = value.device, f"the step's first metric {name!r}'s device"
+            check_device(name, value, self.device, self._whose)  # a CPU tensor in a GPU run fails here
             if weight is None:
                 weight = torch.as_tensor(n_tokens, dtype=torch.float32, device=value.device).reshape(())
             self._values.setdefault(name, []).append(value.detach().float().reshape(()))
@@ -51,7 +79,7 @@ class StepMetrics:
         from a3po.distributed import all_reduce_max, all_reduce_min, all_reduce_sum
 
         names = list(self._values)  # the order they were added in: the same on every rank
-        device = self._values[names[0]][0].device
+        device = self.device  # every value's (`add` refuses one elsewhere)
         sums, maxes, mins = [], [], []
         for name in names:  # what each name contributes, read back below in the same order
             values, reduction = torch.stack(self._values[name]), reduction_of(name)

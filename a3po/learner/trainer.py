@@ -47,8 +47,9 @@ class Trainer:
         self.algo = ALGOS.lookup(cfg.algo.name)
         # The loss axes (conf/correction, conf/objective): each holds its own parameters.
         self.correction, self.objective = cfg.correction.as_dict(), cfg.objective.as_dict()
+        self.device = device  # the anchor makes its per-step metrics here (a3po.learner.step_metrics)
         self.anchor = build_anchor(self.algo, self.algo.check(cfg.algo.as_dict(), "algo"), cfg.schedule.name,
-                                   validate_schedule(cfg.schedule.name, cfg.schedule.as_dict()))
+                                   validate_schedule(cfg.schedule.name, cfg.schedule.as_dict()), device)
         self.train = cfg.train
         error_schedules = ({name: dict(params or {}) for name, params in cfg.train.prox_error_schedules.items()}
                            if cfg.train.log_prox_errors else {})
@@ -56,7 +57,6 @@ class Trainer:
                                          timer, policy.parameters) if error_schedules else None
         self.temperature = float(cfg.rollout.temperature)
         self.pad_id = pad_id
-        self.device = device
         self.timer = timer
         # The lm_head is applied only at response positions: most positions of a sequence are
         # prompt, and a [tokens, vocab] logits tensor is the largest thing in the step.
@@ -206,7 +206,7 @@ class Trainer:
         samples = batch.samples
         advantages = self.advantages(batch)
         plans = self.plan(samples, generator)
-        metrics = StepMetrics()
+        metrics = StepMetrics(self.device)
         recompute = self._decide(samples, plans, version, metrics)
         recomputed = self._recomputed_prox(samples, plans, recompute)
         approximation_time = DeviceSpans(self.device)

@@ -27,6 +27,7 @@ from a3po.allocator import expandable_cuda_segments, retain_freed_memory
 from a3po.config import validate_config, validate_resolved, validate_world
 from a3po.device import pin_bf16_gemms, resolve_device, resolve_precision
 from a3po.distributed import DistInfo, close_distributed, init_distributed, launched_world, rank_device
+from a3po.run.fetch import check_offline_cache
 from a3po.run.health import RunDiverged
 from a3po.run.loop import train_loop
 from a3po.run.memory_check import check_memory, host_ceiling
@@ -54,6 +55,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     as one typed, frozen RunConfig (a3po.run_config); the caller's `cfg` is not changed."""
     validate_config(cfg)  # before anything heavy loads
     validate_world(cfg, launched_world())
+    check_offline_cache(cfg)  # HF_HUB_OFFLINE=1: what the run reads from the hub must be cached (a3po.run.fetch)
     device = resolve_device(cfg.device)
     expandable_cuda_segments(device, cfg.rollout.name)  # before the memory check touches CUDA
     # The resolved precision is what the run records (config.yaml, wandb, run name): `auto`
@@ -74,7 +76,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     if is_main:  # rank 0 alone holds the rollout engine
         check_engine_device(cfg.rollout, rollout_device(cfg, rank_here))
     run_dir = Path(run_dir) if run_dir is not None else run_dir_of(cfg)
-    dist = init_distributed(device)
+    dist = init_distributed(device, cfg.train.collective_timeout_min)
     try:
         return _run(cfg, run_dir, rank_device(device, dist), dist, ceiling)
     finally:
