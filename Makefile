@@ -83,3 +83,11 @@ SMOKE_ARGS ?=
 .PHONY: gpu-smoke
 gpu-smoke: setup
 	$(PY) experiments/gpu_smoke.py $(SMOKE_ARGS)
+
+# The one-call check for a borrowed GPU (docs/gpus.md): outputs/gpu_check/summary.json and logs/.
+# GPU_CHECK_ARGS, e.g. --dry-run (CI) or --only qwen1.5b-step. No `setup`: a lent GPU has no network.
+GPU_CHECK_ARGS ?=
+GPU_CHECK_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
+.PHONY: gpu-check
+gpu-check:
+	$(GPU_CHECK_PY) experiments/gpu_check.py $(GPU_CHECK_ARGS)

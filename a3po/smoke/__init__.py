@@ -9,5 +9,10 @@ table with the machine.
   whether vLLM / SmolLM2 / GSM8K are there, behave_logp against the trainer's forward).
 - `cli`: the command line.
 
+The one-call check for a borrowed GPU (`make gpu-check`, `python experiments/gpu_check.py`)
+reuses the runner: `gpu_check` (its command line and summary.json), `gpu_check_items` (its
+items, budgets and the wheels it names), `gpu_check_probes` and `gpu_check_step` (what its
+items' subprocesses run).
+
 Nothing is imported here: `python -m a3po.smoke.probes` stays light.
 """
