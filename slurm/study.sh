@@ -31,13 +31,19 @@ case "${1:-}" in
     --stop)
         # hold what waits, signal what runs, wait for each run's checkpoint, then cancel the arrays
         arrays=$(squeue -h -o "%F" | sort -u)
-        for array in $arrays; do scontrol hold "$array" 2>/dev/null || true; done
-        for task in $(squeue -h -t R -o "%i"); do scancel --signal=USR2 "$task"; done
+        for array in $arrays; do scontrol hold "$array" >/dev/null 2>&1 || true; done
+        tasks=$(squeue -h -t R -o "%i")
+        for task in $tasks; do scancel --signal=USR2 "$task" || true; done
         for _ in $(seq 120); do
-            [ -z "$(squeue -h -t R,CG -o "%i")" ] && break
+            busy=""
+            for task in $tasks; do
+                state=$(squeue -h -j "$task" -o "%t" 2>/dev/null || true)
+                case "$state" in R|CG) busy="$busy $task" ;; esac
+            done
+            [ -z "$busy" ] && break
             sleep 5
         done
-        for array in $arrays; do scancel "$array"; done
+        for array in $arrays; do scancel "$array" 2>/dev/null || true; done
         echo "study.sh: stopped; each run resumes from its checkpoint at the next submission" >&2
         exit 0 ;;
     --pack)
