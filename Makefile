@@ -57,8 +57,10 @@ $(VENV_RLIABLE)/.a3po-rliable-installed: pyproject.toml
 demo: setup
 	$(PY) experiments/demo.py
 
+# outputs/demo_fp32 where the demo ran in fp32
+DEMO_DIR ?= outputs/demo
 figures: setup
-	$(PY) -m analysis.figures outputs/demo --out outputs/demo/figures
+	$(PY) -m analysis.figures $(DEMO_DIR) --out $(DEMO_DIR)/figures
 
 # Independent tests run in parallel, one pytest-xdist worker per core (TEST_JOBS), each with one
 # torch thread; the tiers that start a cluster, open ports or hold an engine's memory (slurm,

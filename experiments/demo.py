@@ -53,7 +53,7 @@ def main(overrides: list[str]) -> int:
     if status != 0:
         print(f"demo: the sweep exited with {status}; no figures drawn", file=sys.stderr)
         return status
-    sweep_dir = Path(output_root) / "demo"
+    sweep_dir = Path(output_root) / experiment  # the experiment file's experiment_name
     return subprocess.call([sys.executable, "-m", "analysis.figures", str(sweep_dir), "--out",
                             str(sweep_dir / "figures")], cwd=REPO)
 

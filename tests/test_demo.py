@@ -42,7 +42,7 @@ def test_the_fp32_shape_is_the_demo_made_cheaper():
     demo, cheap = compose_config(["experiment=demo"], with_hydra=True), compose_config(["experiment=demo_fp32"],
                                                                                        with_hydra=True)
     assert cheap.hydra.sweeper.params == demo.hydra.sweeper.params
-    assert (cheap.experiment_name, cheap.task, cheap.model) == (demo.experiment_name, demo.task, demo.model)
+    assert (cheap.experiment_name, cheap.task, cheap.model) == ("demo_fp32", demo.task, demo.model)
     steps = lambda c: c.train.total_steps * c.train.n_prompts * c.train.n_samples  # noqa: E731
     assert steps(cheap) <= steps(demo) / 2 and cheap.train.eval_every == cheap.train.total_steps
     assert (CONF_DIR / "experiment" / "demo_fp32.yaml").is_file()
@@ -60,7 +60,8 @@ def test_the_demo_runs_two_at_once_and_draws_its_figures(tmp_path):
     cores = len(os.sched_getaffinity(0))
     jobs = min(2, cores)
     assert f"{jobs} runs at once x {max(1, cores // jobs)} thread(s)" in done.stdout
-    runs = sorted(p.name for p in (out / "demo").iterdir() if (p / "finished.json").is_file())
+    sweep = out / _demo_module().shape(["precision=fp32"])  # the tiny model's runs are fp32: demo_fp32
+    runs = sorted(p.name for p in sweep.iterdir() if (p / "finished.json").is_file())
     assert runs == sorted(f"{algo}-d{d}-s0" for algo in ("coupled", "recompute", "loglinear") for d in (2, 4))
-    figures = out / "demo" / "figures"
+    figures = sweep / "figures"
     assert (figures / "summary.md").is_file() and len(list(figures.glob("*.png"))) >= 5

@@ -413,8 +413,9 @@ def test_cli_reports_an_unreachable_gsm8k_hub_as_a_config_error(tmp_path):
         cwd=REPO, capture_output=True, text=True, timeout=180, env=env,
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
+    # the start's offline check (a3po.run.fetch) names what is missing and how to get it
     assert "config error:" in proc.stderr and "task.path" in proc.stderr
-    assert "question" in proc.stderr and "answer" in proc.stderr
+    assert "openai/gsm8k" in proc.stderr and "python -m a3po.run.fetch" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
