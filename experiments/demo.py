@@ -23,7 +23,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without install
 
-JOBS = 2  # runs at once
+# Runs at once, per shape: on 2 cores two one-thread runs did more work than one two-thread run in
+# both precisions (bf16: 243 s against 325 s for the whole demo; docs/benchmarks.md, "The demo sweep").
+JOBS = {"demo": 2, "demo_fp32": 2}
 
 
 def shape(overrides: list[str] = ()) -> str:
@@ -35,13 +37,13 @@ def shape(overrides: list[str] = ()) -> str:
     return "demo" if resolve_precision(asked, resolve_device("auto")) == "bf16" else "demo_fp32"
 
 
-def threads_per_job(cores: int, jobs: int = JOBS) -> int:
+def threads_per_job(cores: int, jobs: int) -> int:
     return max(1, cores // jobs)
 
 
 def main(overrides: list[str]) -> int:
     experiment, cores = shape(overrides), len(os.sched_getaffinity(0))
-    jobs = min(JOBS, cores)
+    jobs = min(JOBS[experiment], cores)
     threads = threads_per_job(cores, jobs)
     output_root = next((o.split("=", 1)[1] for o in overrides if o.startswith("output_root=")), "outputs")
     print(f"demo: experiment={experiment} ({'bf16' if experiment == 'demo' else 'fp32'} here), "

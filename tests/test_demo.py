@@ -34,7 +34,8 @@ def test_the_shape_follows_the_precision_auto_gives(monkeypatch, bf16_faster, ex
 
 def test_two_runs_at_once_split_the_cores():
     demo = _demo_module()
-    assert [demo.threads_per_job(cores) for cores in (1, 2, 3, 8)] == [1, 1, 1, 4]
+    assert [demo.threads_per_job(cores, 2) for cores in (1, 2, 3, 8)] == [1, 1, 1, 4]
+    assert demo.JOBS == {"demo": 2, "demo_fp32": 2}
 
 
 def test_the_fp32_shape_is_the_demo_made_cheaper():
@@ -58,7 +59,7 @@ def test_the_demo_runs_two_at_once_and_draws_its_figures(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     import os
     cores = len(os.sched_getaffinity(0))
-    jobs = min(2, cores)
+    jobs = min(2, cores)  # the tiny model's runs are fp32: demo_fp32's two at once
     assert f"{jobs} runs at once x {max(1, cores // jobs)} thread(s)" in done.stdout
     sweep = out / _demo_module().shape(["precision=fp32"])  # the tiny model's runs are fp32: demo_fp32
     runs = sorted(p.name for p in sweep.iterdir() if (p / "finished.json").is_file())
