@@ -49,7 +49,7 @@ import numpy as np
 from a3po.errors import ConfigError
 from a3po.tasks.base import Problem, RewardResult
 from a3po.tasks.reward import ANSWER_MARKER, NUMBER_PATTERN, extract_answer
-from a3po.tasks.splits import DEFAULT_HELD_OUT_FRACTION, EVAL_SEED, step_rng
+from a3po.tasks.splits import DEFAULT_HELD_OUT_FRACTION, EVAL_SEED, FixedSplits
 
 __all__ = ["DEFAULT_SIZE", "MAX_SIZE", "POOL_SEED", "OracleAnswer", "ReasoningGymTask", "check_dataset",
            "config_keys", "dataset_names", "marked_answer", "model_answer", "problem_split"]
@@ -223,7 +223,7 @@ def model_answer(completion: str, answer: str) -> str | None:
 
 
 @dataclass
-class ReasoningGymTask:
+class ReasoningGymTask(FixedSplits):
     dataset: str
     seed: int
     config: Mapping[str, Any] | None = None
@@ -239,19 +239,6 @@ class ReasoningGymTask:
     @property
     def train(self) -> tuple[Problem, ...]:
         return self._train
-
-    @property
-    def held_out(self) -> tuple[Problem, ...]:
-        return self._held_out
-
-    def train_batch(self, step: int, n_prompts: int) -> list[Problem]:
-        """Uniform draws (with replacement) from the training split, seeded by (seed, step)."""
-        indices = step_rng(self.seed, step).integers(0, len(self._train), size=n_prompts)
-        return [self._train[int(i)] for i in indices]
-
-    def eval_problems(self, n: int) -> list[Problem]:
-        """The first `n` held-out problems, the same for every seed (the whole split where it holds fewer)."""
-        return list(self._held_out[:n])
 
     def reward(self, completion: str, answer: str) -> RewardResult:
         """The dataset's `score_answer` of the model's answer. An `answer` that is plain text, not

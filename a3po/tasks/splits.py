@@ -38,3 +38,22 @@ def in_eval_order(held_out: list) -> list:
     n a run evaluates are a uniform sample of the split whatever order its source listed them in."""
     order = eval_rng(len(held_out)).permutation(len(held_out))
     return [held_out[int(i)] for i in order]
+
+
+class FixedSplits:
+    """A task's two fixed splits, read as every run reads them: `train_batch` draws uniformly (with
+    replacement) from `_train`, seeded by (seed, step); `eval_problems` is the first n of
+    `_held_out`, the same for every seed (the whole split where it holds fewer). A task sets
+    `seed`, `_train` and `_held_out`."""
+
+    @property
+    def held_out(self) -> tuple:
+        return self._held_out
+
+    def train_batch(self, step: int, n_prompts: int) -> list:
+        indices = step_rng(self.seed, step).integers(0, len(self._train), size=n_prompts)
+        return [self._train[int(i)] for i in indices]
+
+    def eval_problems(self, n: int) -> list:
+        return list(self._held_out[:n])
+

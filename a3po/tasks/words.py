@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from a3po.errors import ConfigError
 from a3po.tasks.base import Problem, RewardResult
 from a3po.tasks.reward import numeric_reward
-from a3po.tasks.splits import DEFAULT_HELD_OUT_FRACTION, in_eval_order, is_held_out, step_rng
+from a3po.tasks.splits import DEFAULT_HELD_OUT_FRACTION, FixedSplits, in_eval_order, is_held_out
 
 __all__ = ["OPERATIONS", "WordsTask", "word_problems", "words_split"]
 
@@ -83,7 +83,7 @@ def check_operations(operations) -> tuple[str, ...]:
 
 
 @dataclass
-class WordsTask:
+class WordsTask(FixedSplits):
     operations: tuple[str, ...]
     seed: int
     held_out_fraction: float = DEFAULT_HELD_OUT_FRACTION
@@ -91,19 +91,6 @@ class WordsTask:
     def __post_init__(self) -> None:
         self.operations = check_operations(self.operations)
         self._train, self._held_out = words_split(self.operations, self.held_out_fraction)
-
-    @property
-    def held_out(self) -> tuple[Problem, ...]:
-        return self._held_out
-
-    def train_batch(self, step: int, n_prompts: int) -> list[Problem]:
-        """Uniform draws (with replacement) from the training split, seeded by (seed, step)."""
-        indices = step_rng(self.seed, step).integers(0, len(self._train), size=n_prompts)
-        return [self._train[int(i)] for i in indices]
-
-    def eval_problems(self, n: int) -> list[Problem]:
-        """The first `n` held-out problems, the same for every seed."""
-        return list(self._held_out[:n])
 
     def reward(self, completion: str, answer: str) -> RewardResult:
         return numeric_reward(completion, answer)
