@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without install
 
 # Runs at once, per shape: on 2 cores two one-thread runs did more work than one two-thread run in
-# both precisions (bf16: 243 s against 325 s for the whole demo; docs/benchmarks.md, "The demo sweep").
+# both precisions (measured: docs/benchmarks.md, "The demo sweep").
 JOBS = {"demo": 2, "demo_fp32": 2}
 
 
