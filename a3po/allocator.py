@@ -80,7 +80,7 @@ CUDA_ALLOC_CONF = "expandable_segments:True"
 ALLOC_CONF_KEYS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")  # torch >= 2.10's name, and its alias
 
 
-def expandable_cuda_segments(device: torch.device, rollout_engine: str,
+def expandable_cuda_segments(device: torch.device, engine_allows: bool,
                              environ: MutableMapping[str, str] = os.environ) -> bool:
     """Let PyTorch's CUDA allocator grow segments in place; True where this call set it.
 
@@ -90,12 +90,13 @@ def expandable_cuda_segments(device: torch.device, rollout_engine: str,
     paper's shape: docs/gpu_runs.md). The memory check's estimate bounds what is allocated, so
     this is also what makes it bound what is reserved.
 
-    Left alone where the user set the allocator's configuration themselves, and for vLLM, whose
-    CUDA-graph and IPC buffers have crashed under expandable segments in some versions (custom
-    all-reduce at tensor parallelism > 1, sleep mode's memory pool). Every torchrun rank sets it
+    Left alone where the user set the allocator's configuration themselves, and where the rollout
+    engine does not allow it (`engine_allows`: its spec's `expandable_segments`, a3po.rollout.engines):
+    vLLM's CUDA-graph and IPC buffers have crashed under expandable segments in some versions
+    (custom all-reduce at tensor parallelism > 1, sleep mode's memory pool). Every torchrun rank sets it
     in its own process, and what a run starts inherits it through the environment; a process
     whose allocator is already initialized gets it through torch's setter."""
-    if device.type != "cuda" or rollout_engine != "hf" or any(key in environ for key in ALLOC_CONF_KEYS):
+    if device.type != "cuda" or not engine_allows or any(key in environ for key in ALLOC_CONF_KEYS):
         return False
     environ["PYTORCH_CUDA_ALLOC_CONF"] = CUDA_ALLOC_CONF
     if torch.cuda.is_initialized():

@@ -118,7 +118,7 @@ METRICS: tuple[Metric, ...] = (
              "time/rollout", "time/prox_logp", "time/prox_reference", "time/fidelity", "time/train", "time/weight_sync",
              "time/eval",
              "time/checkpoint", "time/warmup"),
-    *_family("loop", "step", "GiB of this process's memory after the step (rank 0's; a3po.run.memory_room): resident "
+    *_family("loop", "step", "GiB of this process's memory after the step (rank 0's; a3po.memory.machine): resident "
              "now and its peak since the process started (VmRSS, VmHWM)", "memory/host_rss", "memory/host_peak"),
     Metric("memory/heap_released", "loop", "step", "1 when the step began by handing the heap's freed pages back "
            "(its resident memory was above the memory check's estimate; a one-process CPU run), else 0"),

@@ -1,6 +1,6 @@
-"""The run's config as frozen, typed objects, built once at the door (`RunConfig.of` in
-`a3po.run.main.run`, after validation) and passed down: no DictConfig, no `.get(key, default)`
-below it. The fixed groups are a3po.schema's dataclasses (their YAML mirrors them:
+"""The run's config as frozen, typed objects, built once at the door (`a3po.config.parse_config`,
+called by `a3po.run.main.run` and the other entry points) and passed down: no DictConfig, no
+`.get(key, default)` below it. The fixed groups are a3po.schema's dataclasses (their YAML mirrors them:
 tests/test_schema.py); here are the rest: the model and the task (validated by their own
 packages; TaskConfig's defaults are the tasks' own, tests/test_run_config.py), an ablation
 axis's chosen entry with its parameters, and the whole run."""
@@ -12,14 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from a3po.errors import ConfigError
-from a3po.schema import (AsyncRuntime, Group, LaggedRuntime, LoggerConfig, RolloutConfig, TrainConfig, VLLMRolloutConfig,
-                         as_plain)
+from a3po.schema import AsyncRuntime, Group, LaggedRuntime, LoggerConfig, RolloutGroup, TrainConfig, as_plain
 
-__all__ = ["ModelConfig", "TaskConfig", "Choice", "RunConfig", "ROLLOUT_SCHEMAS", "RUNTIMES", "rollout_of"]
+__all__ = ["ModelConfig", "TaskConfig", "Choice", "RunConfig", "RUNTIMES", "AXES", "TOP_LEVEL"]
 
 RUNTIMES = {"lagged": LaggedRuntime, "async": AsyncRuntime}
-ROLLOUT_SCHEMAS = {"hf": RolloutConfig, "vllm": VLLMRolloutConfig}
 
 
 @dataclass(frozen=True)
@@ -98,34 +95,18 @@ class RunConfig:
     objective: Choice
     model: ModelConfig
     task: TaskConfig
-    rollout: RolloutConfig | VLLMRolloutConfig
+    rollout: RolloutGroup  # the engine's own schema (a3po.rollout.engines)
     runtime: LaggedRuntime | AsyncRuntime
     logger: LoggerConfig
     train: TrainConfig
     resolved: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
-    @classmethod
-    def of(cls, cfg: Any, **replaced: Any) -> "RunConfig":
-        """From a composed config (an OmegaConf node or plain mapping), with `replaced` top-level
-        values (the resolved `precision`); a RunConfig is returned as is, with those replaced. A
-        partial config (a test's, the benchmark's without a task) takes conf/config.yaml's
-        top-level values (`TOP_LEVEL`) and the groups' defaults where it has none; the axes,
-        model, rollout and train groups it must have."""
-        if isinstance(cfg, cls):
-            if not replaced:
-                return cfg
-            typed = {key: Choice.of(value) if key in AXES else value for key, value in replaced.items()}
-            plain = {key: value.as_dict() if isinstance(value, Choice) else as_plain(value) for key, value in typed.items()}
-            return dataclasses.replace(cfg, **typed, resolved={**cfg.resolved, **plain})
-        plain = {**TOP_LEVEL, **as_plain({k: cfg[k] for k in cfg if k != "hydra"}), **replaced}
-        runtime = plain.get("runtime", {"name": "lagged"})
-        return cls(**{key: plain[key] for key in TOP_LEVEL},
-                   algo=Choice.of(plain["algo"]), schedule=Choice.of(plain["schedule"]),
-                   correction=Choice.of(plain["correction"]), objective=Choice.of(plain["objective"]),
-                   model=ModelConfig.of(plain["model"], "model"), task=TaskConfig.of(plain.get("task", {}), "task"),
-                   rollout=rollout_of(plain["rollout"]), runtime=RUNTIMES[runtime["name"]].of(runtime, "runtime"),
-                   logger=LoggerConfig.of(plain.get("logger", {}), "logger"), train=TrainConfig.of(plain["train"], "train"),
-                   resolved=plain)
+    def with_values(self, **replaced: Any) -> "RunConfig":
+        """This config with `replaced` top-level values (the resolved `precision`; an axis's group,
+        as a Choice or a mapping), its `resolved` record updated alike."""
+        typed = {key: Choice.of(value) if key in AXES else value for key, value in replaced.items()}
+        plain = {key: value.as_dict() if isinstance(value, Choice) else as_plain(value) for key, value in typed.items()}
+        return dataclasses.replace(self, **typed, resolved={**self.resolved, **plain})
 
 
 AXES = ("algo", "schedule", "correction", "objective")  # the groups a Choice holds
@@ -133,16 +114,3 @@ AXES = ("algo", "schedule", "correction", "objective")  # the groups a Choice ho
 TOP_LEVEL = {"experiment_name": "default", "run_name": "", "seed": 0, "staleness": 2, "device": "auto",
              "precision": "auto", "bf16_gemms": None, "output_root": "outputs", "on_config_change": "error", "memory_check": "error",
              "memory_check_wait_min": 0}
-
-
-def rollout_of(group: Any) -> RolloutConfig | VLLMRolloutConfig:
-    """`rollout` as its engine's schema (as is when it already is one), from the chosen engine's
-    keys only: an experiment may set another engine's, which validation tolerates (a3po.config)."""
-    if isinstance(group, (RolloutConfig, VLLMRolloutConfig)):
-        return group
-    values = as_plain(group)
-    if values.get("name") not in ROLLOUT_SCHEMAS:
-        raise ConfigError(f"rollout.name={values.get('name')!r} is not allowed; allowed: {sorted(ROLLOUT_SCHEMAS)}")
-    schema = ROLLOUT_SCHEMAS[values["name"]]
-    names = {f.name for f in dataclasses.fields(schema)}
-    return schema(**{k: v for k, v in values.items() if k in names})

@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping
 
 from a3po.errors import ConfigError
 
-__all__ = ["TrainConfig", "RolloutConfig", "VLLMRolloutConfig", "LaggedRuntime", "AsyncRuntime", "LoggerConfig",
+__all__ = ["TrainConfig", "RolloutGroup", "RolloutConfig", "VLLMRolloutConfig", "LaggedRuntime", "AsyncRuntime", "LoggerConfig",
            "Group", "as_plain", "check_group", "field_names", "schema_defaults"]
 
 Check = Callable[[Any], bool]
@@ -60,16 +60,15 @@ class Group:
     naming it; a missing one takes the field's default, held here once."""
 
     @classmethod
-    def of(cls, group: Any, where: str | None = None) -> Any:
+    def of(cls, group: Any, where: str | None = None, tolerate: typing.Iterable[str] = ()) -> Any:
+        """Checked key by key as it is built (`check_group`: the key, the value and what is
+        allowed); keys in `tolerate` (another choice's, e.g. vLLM's under `rollout=hf`) are dropped."""
         if isinstance(group, cls):
             return group
         values = as_plain(group)
+        check_group(values, cls, where or cls.__name__, tolerate)
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - names)
-        if unknown:
-            where = where or cls.__name__
-            raise ConfigError(f"{where}.{unknown[0]} is not a key of {where}; its keys: {sorted(names)}")
-        return cls(**values)
+        return cls(**{key: value for key, value in values.items() if key in names})
 
 
 POSITIVE = "it must be > 0"
@@ -129,7 +128,7 @@ def _device(value: Any) -> bool:
 
 
 @dataclass(frozen=True)
-class _Rollout(Group):
+class RolloutGroup(Group):
     """What every engine's group has; the engine name is checked against a3po.rollout.ENGINES
     by a3po.config."""
 
@@ -142,7 +141,7 @@ class _Rollout(Group):
 
 
 @dataclass(frozen=True)
-class RolloutConfig(_Rollout):
+class RolloutConfig(RolloutGroup):
     """`rollout.*` for `rollout=hf` (conf/rollout/hf.yaml)."""
 
     batch_size: int | None = rule(None, "it must be an integer >= 1, or null (every prompt in one call)",
@@ -150,7 +149,7 @@ class RolloutConfig(_Rollout):
 
 
 @dataclass(frozen=True)
-class VLLMRolloutConfig(_Rollout):
+class VLLMRolloutConfig(RolloutGroup):
     """`rollout.*` for `rollout=vllm` (conf/rollout/vllm.yaml)."""
 
     name: str = rule("vllm", "it must name an engine")
@@ -232,7 +231,8 @@ def check_group(group: Mapping[str, Any], schema: type, where: str, tolerate: ty
         value = group[name]
         ok = spec.metadata.get("ok", lambda v: True)
         if not (_type_ok(value, hints[name]) and (value is None or ok(value))):
-            raise ConfigError(f"{where}.{name}={value!r} is not allowed; {spec.metadata['allowed']}")
+            allowed = spec.metadata.get("allowed", f"it must be of type {hints[name]}")
+            raise ConfigError(f"{where}.{name}={value!r} is not allowed; {allowed}")
 
 
 def schema_defaults(schema: type) -> dict[str, Any]:

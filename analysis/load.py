@@ -140,17 +140,6 @@ def _run_frame(run_dir: Path) -> pd.DataFrame:
     return frame
 
 
-def load_run_dir(run_dir: Path) -> pd.DataFrame | None:
-    """One run directory's rows, or None (with a RunSkippedWarning naming it and why) when it
-    has nothing to contribute: no metrics, or a config.yaml or metrics.jsonl that cannot be
-    read."""
-    try:
-        return _run_frame(run_dir)
-    except UnusableRun as reason:
-        _warn_skipped(run_dir, str(reason))
-        return None
-
-
 def _concat(frames: list[pd.DataFrame], where: str, n_skipped: int = 0) -> pd.DataFrame:
     frames = [frame for frame in frames if frame is not None and not frame.empty]
     if not frames:

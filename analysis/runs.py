@@ -27,7 +27,7 @@ from a3po.identity import (
     ASYNC,
     DEFAULT_CORRECTION,
     DEFAULT_OBJECTIVE,
-    DEFAULT_SCHEDULE,  # noqa: F401  (re-exported: the default the claims compare under)
+    DEFAULT_SCHEDULE,  # also re-exported: the default the claims compare under
     RECORD_KEY,
     correction_group,
     group_label,
@@ -205,3 +205,19 @@ def correction_order(frame: pd.DataFrame) -> list[str]:
         return (CORRECTIONS.index(name) if name in CORRECTIONS else len(CORRECTIONS), natural_key(correction))
 
     return [correction for correction, _ in sorted(pairs, key=key)]
+
+
+def schedule_arm(row: pd.Series) -> str | None:
+    """A run's arm in the paper's setup (lagged, no correction, ppo): `recompute`, the loglinear
+    schedule's label (`inverse`, `exponential0.5`; runs logged before the record have none and
+    ran `inverse`), or `behave` for coupled (its anchor is the behaviour policy, bit for bit);
+    None for any other run."""
+    if row["runtime"] != "lagged" or row["correction"] != "none" or row["objective"] != "ppo":
+        return None
+    if row["algo"] == "recompute":
+        return "recompute"
+    if row["algo"] == "coupled":
+        return "behave"
+    if row["algo"] == "loglinear":
+        return row["schedule"] or DEFAULT_SCHEDULE
+    return None

@@ -40,13 +40,14 @@ def test_a_freed_block_is_reused_without_page_faults():
 
 def test_expandable_segments_are_set_for_the_hf_engine_on_cuda_only():
     from a3po.allocator import CUDA_ALLOC_CONF, expandable_cuda_segments
+    from a3po.rollout.engines import ENGINES
 
     environ: dict[str, str] = {}
-    assert expandable_cuda_segments(torch.device("cuda", 0), "hf", environ)
+    assert expandable_cuda_segments(torch.device("cuda", 0), ENGINES["hf"].expandable_segments, environ)
     assert environ == {"PYTORCH_CUDA_ALLOC_CONF": CUDA_ALLOC_CONF}
     for device, engine in ((torch.device("cpu"), "hf"), (torch.device("cuda"), "vllm")):
         untouched: dict[str, str] = {}
-        assert not expandable_cuda_segments(device, engine, untouched)
+        assert not expandable_cuda_segments(device, ENGINES[engine].expandable_segments, untouched)
         assert untouched == {}
 
 
@@ -55,7 +56,7 @@ def test_a_users_allocator_setting_wins(key):
     from a3po.allocator import expandable_cuda_segments
 
     environ = {key: "expandable_segments:False"}
-    assert not expandable_cuda_segments(torch.device("cuda"), "hf", environ)
+    assert not expandable_cuda_segments(torch.device("cuda"), True, environ)
     assert environ == {key: "expandable_segments:False"}
 
 
@@ -68,7 +69,7 @@ def test_a_cuda_run_reserves_what_a_growing_decode_needs_not_the_sum():
     ~2.2 GiB; passed on an H100, docs/gpu_runs.md)."""
     script = ("import os, torch; from a3po.allocator import expandable_cuda_segments\n"
               "for key in ('PYTORCH_CUDA_ALLOC_CONF', 'PYTORCH_ALLOC_CONF'): os.environ.pop(key, None)\n"
-              "assert expandable_cuda_segments(torch.device('cuda'), 'hf')\n"
+              "assert expandable_cuda_segments(torch.device('cuda'), True)\n"
               "for i in range(20):\n"
               "    x = torch.empty((100 + i) << 20, dtype=torch.uint8, device='cuda'); del x\n"
               "print(torch.cuda.max_memory_reserved() >> 20)")
@@ -79,7 +80,7 @@ def test_a_cuda_run_reserves_what_a_growing_decode_needs_not_the_sum():
 RELEASE = """
 import torch
 from a3po.allocator import release_freed_memory, retain_freed_memory
-from a3po.run.memory_room import host_resident
+from a3po.memory.machine import host_resident
 assert retain_freed_memory()
 blocks = [torch.ones(1536, 576) for _ in range(80)]  # 80 x 3.5 MB: heap blocks under the raised threshold
 held = host_resident()

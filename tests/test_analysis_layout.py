@@ -115,6 +115,15 @@ def test_every_hypothesis_a_report_decides_is_registered_on_its_page():
     assert titled("H-S3c") == "H-S3c (step_start clips no more than recompute at every m)"
 
 
+def test_every_declared_study_has_its_module_and_its_tests_on_its_page():
+    from analysis.hypotheses import STUDIES as DECLARED
+
+    for name, tests in DECLARED.items():
+        assert name in STUDIES, f"{name}: declared in analysis/hypotheses.py, no analysis/studies/{name}.py"
+        page = (REPO / "docs" / "studies" / f"{name}.md").read_text()
+        assert [t.label for t in tests if t.label not in page] == [], f"{name}: a label not on its page"
+
+
 def test_no_report_spells_a_hypothesis_out_itself():
     import re
 

@@ -7,11 +7,12 @@ import torch
 
 from a3po.learner.anchors import Hybrid, Interpolation, Recompute, build_anchor
 from a3po.maths.proximal import ALGOS, approximate_prox_logp
+from a3po.maths.schedules import SCHEDULES
 
 
 def _anchor(method: str, **params):
     spec = ALGOS.lookup(method)
-    return build_anchor(spec, spec.check({"name": method, **params}, "algo"), "inverse", {})
+    return build_anchor(spec, spec.check({"name": method, **params}, "algo"), SCHEDULES.bind({"name": "inverse"}))
 
 
 def test_each_kind_decides_and_anchors_as_its_method_says():

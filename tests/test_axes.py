@@ -100,3 +100,65 @@ def test_a_toy_parameter_out_of_range_fails_at_start(toy_axes, tmp_path):
                           f"hydra.searchpath=[file://{toy_axes}]"], output_root=tmp_path / "outputs")
     with pytest.raises(ConfigError, match=r"schedule.k=0.5 is not allowed; it must be >= 1"):
         run(cfg)
+
+
+# ---- a toy rollout engine: its class, its schema, its memory parts and one EngineSpec ----------
+
+def test_a_toy_rollout_engine_is_one_spec_seen_by_validation_memory_and_a_run(tmp_path, monkeypatch):
+    """A new engine (a3po.rollout.engines) is its class, its config schema, its memory parts and
+    one registered EngineSpec, plus conf/rollout/<name>.yaml: validation reads its schema (its own
+    key checked, an unknown one refused), the memory check its parts, and a run samples with it."""
+    import dataclasses
+
+    from a3po.config import parse_config
+    from a3po.errors import ConfigError
+    from a3po.memory.rollout import hf_rollout_memory
+    from a3po.memory.parts import Part
+    from a3po.rollout.engines import ENGINES, EngineSpec, register_engine
+    from a3po.rollout.hf import HFEngine
+    from a3po.run.memory_check import architecture_of, estimate_run
+    from a3po.schema import RolloutConfig, rule
+
+    @dataclasses.dataclass(frozen=True)
+    class ToyRollout(RolloutConfig):
+        name: str = rule("toy", "it must name an engine")
+        buffer_mib: int = rule(3, "it must be an integer >= 1", lambda v: v >= 1)
+
+    calls = []
+
+    class ToyEngine(HFEngine):
+        def generate(self, prompt_ids, n_samples, *, seed):
+            calls.append(len(prompt_ids))
+            return super().generate(prompt_ids, n_samples, seed=seed)
+
+    def build(group, policy, tokenizer, device, *, concurrent, precision, trainer_device=None, world=1,
+              max_sequences=None):
+        return ToyEngine(policy, tokenizer, temperature=group.temperature, top_p=group.top_p,
+                         max_new_tokens=group.max_new_tokens, batch_size=group.batch_size, precision=precision)
+
+    def memory(m):
+        buffer = m.config.rollout.buffer_mib << 20
+        return [*hf_rollout_memory(m), Part("toy engine buffer", buffer, ("rollout.buffer_mib",), "always", m.device, "")]
+
+    conf = tmp_path / "conf"
+    (conf / "rollout").mkdir(parents=True)
+    (conf / "rollout" / "toy.yaml").write_text(yaml.safe_dump({"name": "toy", "temperature": 1.0, "top_p": 1.0,
+                                                               "max_new_tokens": 8, "device": None,
+                                                               "batch_size": None, "buffer_mib": 3}))
+    register_engine(EngineSpec("toy", ToyRollout, build, memory))
+    try:
+        overrides = [*TINY_OVERRIDES, "rollout=toy", f"hydra.searchpath=[file://{conf}]"]
+        with pytest.raises(ConfigError, match=r"rollout.buffer_mib=0 is not allowed; it must be an integer >= 1"):
+            parse_config(compose_config([*overrides, "rollout.buffer_mib=0"]))
+        with pytest.raises(ConfigError, match=r"rollout.buffr_mib is not a key of rollout"):
+            parse_config(compose_config([*overrides, "+rollout.buffr_mib=1"]))
+        cfg = compose_config(overrides, output_root=tmp_path / "outputs")
+        typed = parse_config(cfg)
+        assert isinstance(typed.rollout, ToyRollout) and typed.rollout.buffer_mib == 3
+        parts = {part.name: part.nbytes for part in estimate_run(typed, architecture_of(typed.model)[0], "cpu").parts}
+        assert parts["toy engine buffer"] == 3 << 20 and "rollout KV cache" in parts
+        run(cfg)
+        records = read_metrics(run_dir_of(cfg) / "metrics.jsonl")
+        assert len(records) == cfg.train.total_steps and calls  # every step's batch came from the toy engine
+    finally:
+        del ENGINES["toy"]

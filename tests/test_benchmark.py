@@ -308,9 +308,7 @@ def test_approximation_runs_no_forward_and_a_nan_still_raises():
     cfg = compose(["model=tiny", "train.n_prompts=2", "train.n_samples=2", "train.n_minibatches=1",
                    "train.token_budget=32"])
     policy, tokenizer = load_policy(cfg.model, seed=0)
-    from a3po.run_config import RunConfig
-
-    trainer = make_trainer(RunConfig.of(cfg), policy, tokenizer, "loglinear", "inverse", torch.device("cpu"),
+    trainer = make_trainer(cfg, policy, tokenizer, "loglinear", "inverse", torch.device("cpu"),
                            PhaseTimer())
     batch = synthetic_batch(trainer, vocab_size=policy.config.vocab_size, n_prompts=2, n_samples=2, prompt_len=8,
                             response_len=6, length_spread=0.5, staleness=2, version=3, seed=0)

@@ -9,6 +9,7 @@ import torch
 
 from a3po.errors import ConfigError
 from a3po.models.loading import compiled_layers, layers_swapped
+from a3po.config import parse_config
 
 
 def _trainer_and_batch(tiny_cfg, precision, *overrides):
@@ -24,10 +25,10 @@ def _trainer_and_batch(tiny_cfg, precision, *overrides):
     cfg.precision = precision
     policy, tokenizer = load_policy(cfg.model, seed=0)
     engine = build_engine(cfg.rollout, policy, tokenizer, torch.device("cpu"), precision=precision)
-    batch, _ = RolloutProducer(cfg, build_task(cfg.task, 0), tokenizer, engine, PhaseTimer())(0)
+    batch, _ = RolloutProducer(parse_config(cfg), build_task(cfg.task, 0), tokenizer, engine, PhaseTimer())(0)
     for sample in batch.samples:  # mixed rewards: every group has a gradient
         sample.reward = float(sample.response_ids.numel() % 2)
-    trainer = Trainer(policy, cfg, pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer())
+    trainer = Trainer(policy, parse_config(cfg), pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer())
     return trainer, batch, engine
 
 
@@ -103,5 +104,5 @@ def test_the_trainer_refuses_compile_under_several_ranks_too(tiny_cfg):
     cfg = tiny_cfg("train.compile=true")
     policy, tokenizer = load_policy(cfg.model, seed=0)
     with pytest.raises(ConfigError, match="train.compile=true runs in a single process"):
-        Trainer(policy, cfg, pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer(),
+        Trainer(policy, parse_config(cfg), pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer(),
                 dist=DistInfo(rank=0, world=2, local_rank=0, is_main=True))

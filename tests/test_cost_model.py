@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from a3po.run.memory_model import Architecture
+from a3po.memory.parts import Architecture
 from analysis.cost_model.devices import device
 from analysis.cost_model.phases import (Efficiency, Hardware, StepShape, decode_bytes, decode_flops, forward_flops,
                                         optimizer_bytes, phase_seconds, prefill_flops, sync_bytes, train_flops)

@@ -15,6 +15,7 @@ from a3po.rollout.decode import PreallocatedCache, decode, sample_next, top_p_ke
 from a3po.rollout.weights import ComputeWeights
 
 from conftest import CONF_DIR
+from a3po.config import parse_config
 
 
 def _oracle(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
@@ -212,7 +213,7 @@ def _engine_and_trainer_logp(tiny_cfg, precision, *overrides):
     prompts = [tokenizer.encode("What is 12 + 7? Answer:"), tokenizer.encode("Compute 3 * 9 please, now")]
     samples = [s for group in engine.generate(prompts, 3, seed=4) for s in group]
     again = [s for group in engine.generate(prompts, 3, seed=4) for s in group]
-    trainer = Trainer(policy, cfg, pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer())
+    trainer = Trainer(policy, parse_config(cfg), pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer())
     with torch.no_grad():
         logp, _ = trainer.response_logp(samples, with_entropy=False)
     return samples, again, torch.cat([s.behave_logp for s in samples]), logp

@@ -276,8 +276,8 @@ def test_hf_engine_samples_as_the_trainer_computes_on_gpu():
     policy, tokenizer = load_policy(cfg.model, device=device, seed=0)
     engine = build_engine(cfg.rollout, policy, tokenizer, device)
     timer = PhaseTimer(device)
-    batch, _ = RolloutProducer(cfg, build_task(cfg.task, 0), tokenizer, engine, timer)(0)
-    trainer = Trainer(policy, cfg, pad_id=tokenizer.pad_token_id, device=device, timer=timer)
+    batch, _ = RolloutProducer(parse_config(cfg), build_task(cfg.task, 0), tokenizer, engine, timer)(0)
+    trainer = Trainer(policy, parse_config(cfg), pad_id=tokenizer.pad_token_id, device=device, timer=timer)
     with torch.no_grad():
         logp, _ = trainer.response_logp(batch.samples)
     behave = torch.cat([s.behave_logp for s in batch.samples]).to(device)
@@ -313,11 +313,11 @@ def test_bf16_gemms_pins_one_gemm_path_on_every_cpu(monkeypatch, avx512_bf16, am
 def test_bf16_gemms_is_checked_at_start_and_recorded(tiny_cfg, monkeypatch):
     """A bad `bf16_gemms` fails at start naming the key and what is allowed; a good one is what the
     run's config.yaml records."""
-    from a3po.config import validate_config
+    from a3po.config import parse_config
     from a3po.run.main import run, run_dir_of
 
     with pytest.raises(ConfigError, match=r"bf16_gemms.*'native'.*allowed: \[None, 'bf16', 'float32'\]"):
-        validate_config(tiny_cfg("bf16_gemms=native"))
+        parse_config(tiny_cfg("bf16_gemms=native"))
     monkeypatch.setenv(BF16_GEMMS_ENV, "")
     cfg = tiny_cfg("bf16_gemms=float32", "train.total_steps=1", "train.eval_every=0")
     run(cfg)

@@ -17,6 +17,7 @@ from conftest import REPO, compose_config
 from a3po.errors import ConfigError
 from a3po.run import fetch
 from a3po.run.fetch import HubItem, check_offline_cache, fetch_command, hub_items, lookup
+from a3po.config import parse_config
 
 QWEN = "Qwen/Qwen2.5-1.5B-Instruct"
 COMMAND = "python -m a3po.run.fetch experiment=paper_gsm8k"
@@ -95,7 +96,7 @@ def test_check_reports_both_items_missing_and_exits_2(hf_cache, capsys):
 
 def test_an_offline_run_is_refused_naming_each_item_its_cache_and_the_command(hf_cache, tmp_path):
     with pytest.raises(ConfigError) as error:
-        check_offline_cache(paper_gsm8k(tmp_path), overrides=["experiment=paper_gsm8k"])
+        check_offline_cache(parse_config(paper_gsm8k(tmp_path)), overrides=["experiment=paper_gsm8k"])
     message = str(error.value)
     assert message.startswith("HF_HUB_OFFLINE set (offline)")
     assert f"model {QWEN} (model.path): no snapshot of it in {hf_cache / 'hub'}" in message
@@ -103,22 +104,22 @@ def test_an_offline_run_is_refused_naming_each_item_its_cache_and_the_command(hf
     assert f"`{COMMAND}`" in message
     # without a Hydra job's overrides, the command selects the run's model and task groups
     with pytest.raises(ConfigError, match="`python -m a3po.run.fetch model=qwen2.5_1.5b task=gsm8k`"):
-        check_offline_cache(paper_gsm8k(tmp_path))
+        check_offline_cache(parse_config(paper_gsm8k(tmp_path)))
 
 
 def test_each_library_is_offline_by_its_own_variables(hf_cache, tmp_path, monkeypatch):
     cfg = paper_gsm8k(tmp_path)
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")  # datasets online: only the model is checked
     with pytest.raises(ConfigError) as error:
-        check_offline_cache(cfg)
+        check_offline_cache(parse_config(cfg))
     assert QWEN in str(error.value) and "openai/gsm8k" not in str(error.value)
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # datasets alone offline: only the dataset
     with pytest.raises(ConfigError, match="^HF_DATASETS_OFFLINE set") as error:
-        check_offline_cache(cfg)
+        check_offline_cache(parse_config(cfg))
     assert "openai/gsm8k" in str(error.value) and QWEN not in str(error.value)
     monkeypatch.delenv("HF_DATASETS_OFFLINE")
-    check_offline_cache(cfg)  # online: nothing is checked, the run downloads as it always did
+    check_offline_cache(parse_config(cfg))  # online: nothing is checked, the run downloads as it always did
 
 
 def test_the_run_stops_at_start_through_train_py(hf_cache, tmp_path):
@@ -137,7 +138,7 @@ def test_a_cache_populated_by_hand_is_present(hf_cache, tmp_path, capsys):
     prepared = fake_gsm8k(hf_cache / "datasets")
     assert lookup(HubItem("model", QWEN, "model.path")).where == snapshot
     assert lookup(HubItem("dataset", "openai/gsm8k", "task.hub_id", "main")).where == prepared
-    check_offline_cache(paper_gsm8k(tmp_path))  # no error: the run goes on
+    check_offline_cache(parse_config(paper_gsm8k(tmp_path)))  # no error: the run goes on
     fetch.main(["--check", "experiment=paper_gsm8k"])  # exit 0: no SystemExit
     out = capsys.readouterr().out
     assert f"present  model {QWEN} (model.path) at {snapshot} (" in out
@@ -152,7 +153,7 @@ def test_a_snapshot_without_weights_or_with_another_config_cached_is_missing(hf_
     snapshot = fake_snapshot(hf_cache / "hub", QWEN, files)
     fake_gsm8k(hf_cache / "datasets", config="socratic")
     with pytest.raises(ConfigError) as error:
-        check_offline_cache(paper_gsm8k(tmp_path))
+        check_offline_cache(parse_config(paper_gsm8k(tmp_path)))
     assert f"{snapshot} lacks model-00002-of-00002.safetensors" in str(error.value)
     assert "no prepared copy of config main" in str(error.value)
 
@@ -166,7 +167,7 @@ def test_the_lookup_agrees_with_what_transformers_and_datasets_read_offline(hf_c
     converted = ensure_smollm2_converted()
     fake_snapshot(hf_cache / "hub", QWEN, {path.name: path for path in converted.iterdir()})
     fake_gsm8k(hf_cache / "datasets", n=3)
-    check_offline_cache(paper_gsm8k(tmp_path))
+    check_offline_cache(parse_config(paper_gsm8k(tmp_path)))
     script = ("from a3po.models import load_policy; from a3po.tasks.gsm8k import load_gsm8k; "
               f"model, _ = load_policy({{'source': 'hub', 'path': '{QWEN}', 'dtype': 'float32'}}); "
               "train, test = load_gsm8k(None); print(type(model).__name__, len(train), len(test))")
@@ -183,8 +184,8 @@ def test_configs_reading_nothing_from_the_hub_need_nothing(hf_cache, tmp_path, c
     (tmp_path / "local" / "gsm8k.jsonl").write_text('{"question": "1 + 1?", "answer": "#### 2"}\n')
     local = tmp_path / "local" / ("gsm8k.jsonl" if "task.path=LOCAL" in overrides else "")
     overrides = [word.replace("LOCAL", str(local)) for word in overrides]
-    assert hub_items(compose_config(overrides)) == []
-    check_offline_cache(compose_config(overrides))
+    assert hub_items(parse_config(compose_config(overrides))) == []
+    check_offline_cache(parse_config(compose_config(overrides)))
     fetch.main(["--check", *overrides])
     assert capsys.readouterr().out.startswith("nothing to fetch: ")
 
@@ -206,7 +207,7 @@ def test_fetch_puts_each_item_where_the_check_finds_it(hf_cache, tmp_path, monke
     assert "fetched  dataset openai/gsm8k (config main) (task.hub_id) at " in out and out.rstrip().endswith(
         "a run of this config now starts with HF_HUB_OFFLINE=1 on a node reading these caches")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    check_offline_cache(paper_gsm8k(tmp_path))
+    check_offline_cache(parse_config(paper_gsm8k(tmp_path)))
 
 
 def test_a_failed_download_names_the_item_and_exits_1(hf_cache, monkeypatch, capsys):
@@ -226,7 +227,7 @@ def test_a_failed_download_names_the_item_and_exits_1(hf_cache, monkeypatch, cap
 
 def test_fetch_command_and_bad_flags(hf_cache, tmp_path, capsys):
     cfg = paper_gsm8k(tmp_path, "task.hub_config=socratic")
-    assert fetch_command(cfg) == "python -m a3po.run.fetch model=qwen2.5_1.5b task=gsm8k task.hub_config=socratic"
+    assert fetch_command(parse_config(cfg)) == "python -m a3po.run.fetch model=qwen2.5_1.5b task=gsm8k task.hub_config=socratic"
     with pytest.raises(SystemExit) as exit_:
         fetch.main(["--chek", "experiment=paper_gsm8k"])
     assert exit_.value.code == 2 and "--chek is not a flag of python -m a3po.run.fetch" in capsys.readouterr().err

@@ -181,13 +181,13 @@ def test_a_run_logs_strata_and_gradient_fidelity_on_due_steps_outside_time_step(
 
 
 def test_grad_fidelity_every_needs_log_prox_errors(tiny_cfg):
-    from a3po.config import validate_config
+    from a3po.config import parse_config
     from a3po.errors import ConfigError
 
     with pytest.raises(ConfigError, match="train.grad_fidelity_every=2 is not allowed; it needs train.log_prox_errors"):
-        validate_config(tiny_cfg("train.grad_fidelity_every=2"))
+        parse_config(tiny_cfg("train.grad_fidelity_every=2"))
     with pytest.raises(ConfigError, match="train.grad_fidelity_every=-1 is not allowed"):
-        validate_config(tiny_cfg("train.log_prox_errors=true", "train.grad_fidelity_every=-1"))
+        parse_config(tiny_cfg("train.log_prox_errors=true", "train.grad_fidelity_every=-1"))
 
 
 def test_the_schedule_fit_recovers_a_rational_schedule_from_its_cells():

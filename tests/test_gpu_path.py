@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from a3po.config import parse_config
 
 REPO = Path(__file__).resolve().parents[1]
 META = torch.device("meta")
@@ -61,11 +62,13 @@ def test_the_multi_rank_reduction_stays_on_the_trainers_device():
 
 def _hybrid(device=None, **params):
     from a3po.learner.anchors import build_anchor
+    from a3po.maths.schedules import SCHEDULES
     from a3po.maths.proximal import ALGOS
 
     spec = ALGOS.lookup("hybrid")
     checked = spec.check({"name": "hybrid", "every": 2, "min_ess": None, **params}, "algo")
-    return build_anchor(spec, checked, "inverse", {}) if device is None else build_anchor(spec, checked, "inverse", {}, device)
+    inverse = SCHEDULES.bind({"name": "inverse"})
+    return build_anchor(spec, checked, inverse) if device is None else build_anchor(spec, checked, inverse, device)
 
 
 def test_the_hybrids_metrics_are_made_on_the_trainers_device():
@@ -101,7 +104,7 @@ def _trainer(cfg):
     from a3po.timer import PhaseTimer
 
     policy, tokenizer = load_policy(cfg.model, seed=0)
-    return Trainer(policy, cfg, pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer())
+    return Trainer(policy, parse_config(cfg), pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer())
 
 
 def _assert_sampled_by_stamped_version(trainer, samples, weights: dict[int, dict[str, torch.Tensor]]) -> None:

@@ -21,8 +21,8 @@ import torch
 
 from a3po.run.checkpoint import load_checkpoint
 from a3po.errors import ConfigError
-from a3po.run.health import (DIVERGED_MARKER, EXIT_DIVERGED, CollapseRule, CollapseWatch, NonFiniteUpdate, RunDiverged,
-                         collapse_flags, read_divergence)
+from a3po.run.health import (COLLAPSE_STEP, DIVERGED_MARKER, EXIT_DIVERGED, CollapseRule, CollapseWatch, NonFiniteUpdate,
+                             RunDiverged, read_divergence)
 from a3po.run.metrics_log import read_metrics
 from a3po.run.main import run, run_dir_of
 
@@ -34,6 +34,12 @@ DIVERGE_OVERRIDES = ["train.total_steps=4", "train.checkpoint_every=1", "train.e
 
 
 # ---------------------------------------------------------------------- collapse, pure
+def collapse_flags(steps, entropies, grad_norms, rule: CollapseRule = CollapseRule()) -> list[int | None]:
+    """Per step, the step its collapse began (None where not collapsed): CollapseWatch over a log."""
+    watch = CollapseWatch(rule)
+    return [watch.update(s, e, g).get(COLLAPSE_STEP) for s, e, g in zip(steps, entropies, grad_norms)]
+
+
 def test_collapse_needs_the_given_number_of_consecutive_low_steps():
     rule = CollapseRule(entropy_below=1e-3, grad_norm_at_most=0.0, steps=3)
     entropy = [0.5, 1e-4, 1e-4, 1e-4, 1e-4, 0.5, 1e-4, 1e-4, 1e-4]

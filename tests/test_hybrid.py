@@ -74,11 +74,11 @@ def test_an_ess_trigger_probes_each_step_the_count_does_not_decide(tiny_cfg, ear
     ("+algo.typo=1", "algo=hybrid does not take ['typo']"),
 ])
 def test_a_bad_hybrid_parameter_fails_at_start(tiny_cfg, override, message):
-    from a3po.config import validate_config
+    from a3po.config import parse_config
     from a3po.errors import ConfigError
 
     with pytest.raises(ConfigError, match=re.escape(message)):
-        validate_config(tiny_cfg("algo=hybrid", override))
+        parse_config(tiny_cfg("algo=hybrid", override))
 
 
 def test_the_drift_probe_runs_in_eval_mode_as_the_recompute_forward_does(tiny_cfg, earnable_reward, monkeypatch):

@@ -19,6 +19,7 @@ from a3po.run.metrics_log import MetricsLogger, read_metrics
 from a3po.run.rundir import claim_run_dir, config_differences, release_run_dir
 from analysis.runs import record_of, run_identity
 from analysis.load import load_runs
+from a3po.config import parse_config
 
 
 def old_config(cfg, *drop: str) -> dict:
@@ -86,7 +87,7 @@ def test_the_record_goes_into_config_yaml_and_the_wandb_config(tiny_cfg, tmp_pat
     seen = {}
     fake = types.SimpleNamespace(init=lambda **kwargs: seen.update(kwargs) or types.SimpleNamespace(finish=lambda **k: None))
     monkeypatch.setitem(sys.modules, "wandb", fake)
-    MetricsLogger(run_dir, cfg, start_step=0).close()
+    MetricsLogger(run_dir, parse_config(cfg), start_step=0).close()
     assert seen["config"]["identity"] == record and seen["name"] == run_name(record) == "loglinear-tis2-d2-s0"
 
 

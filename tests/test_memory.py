@@ -1,4 +1,4 @@
-"""The memory check (a3po.run.memory, a3po.run.memory_check): the estimate's parts scale as their formulas say, a run
+"""The memory check (a3po.memory.estimate, a3po.run.memory_check): the estimate's parts scale as their formulas say, a run
 that cannot fit stops at start with exit 2 and leaves no run directory, warn-only goes on, and
 (slow) the estimate is within 30% of a real run's measured peak RSS."""
 
@@ -15,14 +15,16 @@ from omegaconf import OmegaConf
 
 import a3po.run.memory_check as check
 from a3po.errors import ConfigError
-from a3po.run.memory import estimate_memory
+from a3po.memory.estimate import estimate_memory
 from a3po.run.memory_check import architecture_of, host_ceiling, verdict, wait_for_room
-from a3po.run.memory_room import cgroup_room, host_resident, parse_meminfo, process_memory
-from a3po.run.memory_model import MIB, MMAP_THRESHOLD_MAX, PHASES, SMOLLM2_135M, Estimate, Part, architecture_from
+from a3po.memory.machine import cgroup_room, host_resident, parse_meminfo, process_memory
+from a3po.memory.parts import MIB, MMAP_THRESHOLD_MAX, PHASES, SMOLLM2_135M, Estimate, Part, architecture_from
 from a3po.run.main import run, run_dir_of
 from a3po.run.rundir import config_differences, holds_only_hydra_output, remove_refused_job_dir
 
 from conftest import REPO
+from a3po.config import parse_config
+from a3po.rollout.engines import engine_spec
 
 SMOLLM2 = architecture_from(SMOLLM2_135M)
 PROMPT = 45  # arith level 1's longest prompt under SmolLM2's chat template
@@ -35,7 +37,8 @@ def parts_of(estimate: Estimate) -> dict[str, int]:
 def estimate(tiny_cfg, *overrides: str, **kwargs) -> Estimate:
     cfg = tiny_cfg(*overrides)
     arch, _ = architecture_of(cfg.model)
-    return estimate_memory(cfg, arch, prompt_tokens=PROMPT, **kwargs)
+    return estimate_memory(parse_config(cfg), arch, rollout_parts=engine_spec(cfg.rollout.name).memory_parts,
+                           prompt_tokens=PROMPT, **kwargs)
 
 
 # --- the architecture --------------------------------------------------------------------------
@@ -56,15 +59,15 @@ def test_tiny_architecture_comes_from_the_model_keys(tiny_cfg):
 def test_a_hub_model_that_cannot_be_read_skips_the_check_with_a_warning(tiny_cfg, caplog, monkeypatch):
     monkeypatch.setattr(check, "architecture_of", lambda model_cfg: (None, "the config of model.path='x' could not be read"))
     with caplog.at_level(logging.WARNING, logger="a3po.run.memory_check"):
-        assert check.check_memory(tiny_cfg(), "cpu") is None
+        assert check.check_memory(parse_config(tiny_cfg()), "cpu") is None
     assert "memory check skipped" in caplog.text and "model.path='x'" in caplog.text
 
 
 # --- the parts scale as they should ------------------------------------------------------------
 
 def test_kv_cache_is_linear_in_new_tokens_and_rows(tiny_cfg):
-    def kv(*overrides):
-        return parts_of(estimate(tiny_cfg, *overrides))["rollout KV cache"]
+    def kv(*overrides):  # a budget above the longest response, which a run requires (a3po.config)
+        return parts_of(estimate(tiny_cfg, "train.token_budget=1024", *overrides))["rollout KV cache"]
 
     base = kv("rollout.max_new_tokens=100")
     assert kv("rollout.max_new_tokens=200") - base == kv("rollout.max_new_tokens=300") - kv("rollout.max_new_tokens=200")
@@ -307,7 +310,7 @@ def test_a_run_that_waited_in_vain_says_so_and_leaves_nothing(tiny_cfg, monkeypa
     assert sum(clock.sleeps) == 120 and not run_dir_of(cfg).exists()
     clock.sleeps.clear()
     warn = tiny_cfg("train.n_prompts=100000", "memory_check_wait_min=2", "memory_check=warn")
-    assert check.check_memory(warn, "cpu") is not None and clock.sleeps == []  # warn starts at once
+    assert check.check_memory(parse_config(warn), "cpu") is not None and clock.sleeps == []  # warn starts at once
 
 
 @pytest.mark.parametrize("value", ["-1", "abc", "true", ".inf"])
@@ -405,9 +408,10 @@ def test_estimate_within_30_percent_of_measured_peak_rss(tmp_path, model):
     returncode, peak_rss = map(int, proc.stdout.split())
     assert returncode == 0, proc.stderr
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
-    cfg.precision = resolve_precision(cfg.precision, resolve_device(cfg.device), cfg.model.dtype)
+        cfg = parse_config(compose(config_name="config", overrides=overrides))
+    cfg = cfg.with_values(precision=resolve_precision(cfg.precision, resolve_device(cfg.device), cfg.model.dtype))
     arch, _ = architecture_of(cfg.model)
     prompt, _ = check.longest_prompt_tokens(cfg.task, cfg.model)
-    estimated = estimate_memory(cfg, arch, prompt_tokens=prompt).peak()
+    estimated = estimate_memory(cfg, arch, rollout_parts=engine_spec(cfg.rollout.name).memory_parts,
+                                prompt_tokens=prompt).peak()
     assert 0.7 < estimated / peak_rss < 1.3, f"estimated {estimated / 2**20:.0f} MiB, measured {peak_rss / 2**20:.0f} MiB"

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from a3po.config import validate_config
+from a3po.config import parse_config
 from a3po.run.memory_check import architecture_of
-from a3po.run.memory_model import GIB
+from a3po.memory.parts import GIB
 from a3po.run.memory_plan import plan
 from conftest import REPO, compose_config
 
@@ -24,10 +24,10 @@ WORLD = {"gpu1": 1, "gpu2": 1, "gpu8": 7}
 
 def _plan(*overrides: str, world: int = 1):
     cfg = compose_config(["experiment=paper_gsm8k", *overrides])
-    validate_config(cfg)  # the start's first check, before the memory's
+    parse_config(cfg)  # the start's first check, before the memory's
     arch, source = architecture_of(cfg.model)
     assert arch is not None, source
-    return plan(cfg, arch, gpu_bytes=H100, world=world)
+    return plan(parse_config(cfg), arch, gpu_bytes=H100, world=world)
 
 
 @pytest.mark.parametrize("layout", sorted(WORLD))
@@ -67,7 +67,7 @@ def test_the_qwen_parts_match_hand_computations():
     # staged update: the state dict in bf16, the tied embedding under both of its names
     assert parts["vLLM staged weight update (async)"] == 2 * (QWEN_1P5B_PARAMS + 151936 * 1536)
     # the largest micro-batch: 10,240-token budget, rows of (longest prompt + 1,024) tokens
-    cfg = compose_config(["experiment=paper_gsm8k"])
+    cfg = parse_config(compose_config(["experiment=paper_gsm8k"]))
     from a3po.run.memory_check import longest_prompt_tokens
 
     sequence = longest_prompt_tokens(cfg.task, cfg.model)[0] + 1024
@@ -128,7 +128,7 @@ def test_a_rank_other_than_0_checks_its_own_gpu_and_never_asks_the_rollout_gpu(t
     """Asking a GPU for its free memory opens a CUDA context on it (~0.5 GiB): seven trainer ranks
     asking the rollout GPU would take 3.5 GiB of vLLM's share before it starts."""
     import a3po.run.memory_check as check
-    from a3po.run.memory_model import Estimate, Part
+    from a3po.memory.parts import Estimate, Part
 
     estimate = Estimate((Part("weights", GIB, ("model",), "always", "cuda:3"),
                          Part("vLLM weights and KV cache", 60 * GIB, (), "always", "cuda:7"),
@@ -136,10 +136,10 @@ def test_a_rank_other_than_0_checks_its_own_gpu_and_never_asks_the_rollout_gpu(t
     asked = []
     monkeypatch.setattr(check, "estimate_run", lambda *args, **kwargs: estimate)
     monkeypatch.setattr(check, "available_memory", lambda device: asked.append(device) or (H100, "mocked"))
-    check.check_memory(tiny_cfg(), "cuda:3", world=7, is_main=False)
+    check.check_memory(parse_config(tiny_cfg()), "cuda:3", world=7, is_main=False)
     assert sorted(asked) == ["cpu", "cuda:3"]
     asked.clear()
-    check.check_memory(tiny_cfg(), "cuda:0", world=7, is_main=True)
+    check.check_memory(parse_config(tiny_cfg()), "cuda:0", world=7, is_main=True)
     assert sorted(asked) == ["cpu", "cuda:3", "cuda:7"]
 
 

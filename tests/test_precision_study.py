@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from analysis.claims.rule import FAILS, HOLDS
-from analysis.claims.contrasts import contrast
+from analysis.studies import contrast
 from analysis.claims.paper import CLAIMS
 from analysis.studies.precision import CHANGED, KEPT, NOT_SHOWN, agreement, effect_shift, per_arm, versus_recompute
 from analysis.scalars import context_of

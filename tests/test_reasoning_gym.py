@@ -171,14 +171,14 @@ def test_gsm_symbolic_is_the_paper_settings_offline_gsm8k(monkeypatch, tmp_path)
     with the hub off, and starts on a CPU with the tiny model (reward about 0 there)."""
     import datasets
 
-    from a3po.config import validate_config
+    from a3po.config import parse_config
     from a3po.run.main import run
 
     for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.setenv(name, "1")
     monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("the hub was asked for data"))
     paper = ["experiment=paper_gsm8k", "task=reasoning_gym", "task.dataset=gsm_symbolic"]
-    validate_config(compose_config(paper))
+    parse_config(compose_config(paper))
     cfg = compose_config([*paper, *TINY_OVERRIDES, "device=cpu", "rollout=hf", "train.total_steps=1",
                           "train.eval_every=1", "task.size=200"], output_root=tmp_path / "outputs")
     last = run(cfg)

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-import a3po.rollout as rollout
+import a3po.rollout.engines as rollout
 from a3po.errors import ConfigError
 from a3po.rollout import build_engine, check_vllm_platform, vllm_placement
 from a3po.rollout.vllm_child import child_environment
+from a3po.schema import RolloutConfig, VLLMRolloutConfig
 
 
 @pytest.mark.parametrize("rollout_device, trainer_device, world, where", [
@@ -69,7 +69,7 @@ def recorded_engines(monkeypatch):
 
 
 def test_build_engine_starts_a_child_for_a_second_gpu_and_the_child_sees_that_gpu_alone(recorded_engines):
-    cfg = OmegaConf.create({"name": "vllm"})
+    cfg = VLLMRolloutConfig()
     build_engine(cfg, None, None, torch.device("cuda:1"), trainer_device=torch.device("cuda:0"), world=1)
     build_engine(cfg, None, None, torch.device("cuda:0"), trainer_device=torch.device("cuda:0"), world=1)
     assert recorded_engines == [("child", "cuda:1"), ("process", "cuda:0")]
@@ -78,7 +78,7 @@ def test_build_engine_starts_a_child_for_a_second_gpu_and_the_child_sees_that_gp
 
 
 def test_build_engine_refuses_a_cpu_rollout_beside_a_cuda_vllm(recorded_engines):
-    cfg = OmegaConf.create({"name": "vllm"})
+    cfg = VLLMRolloutConfig()
     with pytest.raises(ConfigError, match="rollout.device='cpu'"):
         build_engine(cfg, None, None, torch.device("cpu"), trainer_device=torch.device("cuda:0"), world=1)
     assert recorded_engines == []
@@ -87,11 +87,11 @@ def test_build_engine_refuses_a_cpu_rollout_beside_a_cuda_vllm(recorded_engines)
 def test_a_null_max_num_seqs_on_a_gpu_puts_the_whole_batch_in_flight():
     from a3po.rollout import sequences_in_flight
 
-    null = OmegaConf.create({"name": "vllm", "max_num_seqs": None})
+    null = VLLMRolloutConfig(max_num_seqs=None)
     assert sequences_in_flight(null, "cuda:1", 1024).max_num_seqs == 1024
     assert sequences_in_flight(null, "cpu", 1024).max_num_seqs is None          # vLLM's CPU default stays
     assert sequences_in_flight(null, "cuda", None).max_num_seqs is None
-    assert sequences_in_flight(OmegaConf.create({"name": "vllm", "max_num_seqs": 256}), "cuda", 1024).max_num_seqs == 256
+    assert sequences_in_flight(VLLMRolloutConfig(max_num_seqs=256), "cuda", 1024).max_num_seqs == 256
     assert null.max_num_seqs is None  # the run's config is not changed
 
 
@@ -99,7 +99,7 @@ def test_build_engine_passes_the_batch_as_max_num_seqs(recorded_engines, monkeyp
     seen = []
     monkeypatch.setattr(_Recorded, "from_config",
                         lambda self, cfg, *args, **kwargs: seen.append(cfg.max_num_seqs) or self)
-    build_engine(OmegaConf.create({"name": "vllm", "max_num_seqs": None}), None, None, torch.device("cuda:0"),
+    build_engine(VLLMRolloutConfig(max_num_seqs=None), None, None, torch.device("cuda:0"),
                  world=1, max_sequences=1024)
     assert seen == [1024]
 
@@ -145,7 +145,7 @@ def test_the_rollout_side_holds_its_own_policy_where_it_cannot_share_the_trainer
                                                                                     trainer_device, world, own):
     from a3po.run.parts import needs_own_policy
 
-    cfg = OmegaConf.create({"rollout": {"name": engine}})
+    cfg = type("Config", (), {"rollout": VLLMRolloutConfig() if engine == "vllm" else RolloutConfig()})
     assert needs_own_policy(cfg, torch.device(rollout_device), torch.device(trainer_device), world) is own
 
 

@@ -12,7 +12,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from a3po.errors import ConfigError
-from a3po.run_config import ModelConfig, RunConfig, TaskConfig, rollout_of
+from a3po.config import parse_config
+from a3po.rollout.engines import engine_spec
+from a3po.run_config import ModelConfig, TaskConfig
 from a3po.schema import TrainConfig, VLLMRolloutConfig
 from a3po.tasks.gsm8k import DEFAULT_HUB_CONFIG, DEFAULT_HUB_ID
 from a3po.tasks.splits import DEFAULT_HELD_OUT_FRACTION
@@ -25,7 +27,7 @@ DOORS = {"a3po/run/main.py", "a3po/config.py", "a3po/benchmark/cli.py", "a3po/be
 
 def test_the_run_config_is_the_composed_one_typed_and_frozen(tiny_cfg):
     cfg = tiny_cfg("algo=hybrid", "correction=icepop", "train.lr=3e-5", "rollout=vllm", "+rollout.batch_size=4")
-    typed = RunConfig.of(cfg, precision="fp32")
+    typed = parse_config(cfg).with_values(precision="fp32")
     assert isinstance(typed.train, TrainConfig) and typed.train.lr == 3e-5
     assert isinstance(typed.rollout, VLLMRolloutConfig)  # the chosen engine's keys only: batch_size is hf's
     assert typed.algo.name == "hybrid" and typed.algo.as_dict() == {"name": "hybrid", **OmegaConf.to_container(cfg.algo)}
@@ -33,9 +35,8 @@ def test_the_run_config_is_the_composed_one_typed_and_frozen(tiny_cfg):
     assert typed.resolved == {**OmegaConf.to_container(cfg, resolve=True), "precision": "fp32"}
     with pytest.raises(dataclasses.FrozenInstanceError):
         typed.train = None  # type: ignore[misc]
-    assert RunConfig.of(typed) is typed
-    assert RunConfig.of(typed, precision="bf16").resolved["precision"] == "bf16"  # what records it follows
-    swapped = RunConfig.of(typed, algo={"name": "recompute"})  # an axis replaced: a Choice, and its record
+    assert typed.with_values(precision="bf16").resolved["precision"] == "bf16"  # what records it follows
+    swapped = typed.with_values(algo={"name": "recompute"})  # an axis replaced: a Choice, and its record
     assert swapped.algo.name == "recompute" and swapped.resolved["algo"] == {"name": "recompute"}
 
 
@@ -45,8 +46,9 @@ def test_a_mapping_normalises_at_entry_with_its_defaults_and_names_an_unknown_ke
     with pytest.raises(ConfigError, match=r"task.levle is not a key of task"):
         TaskConfig.of({"name": "arith", "levle": 2}, "task")
     with pytest.raises(ConfigError, match=r"rollout.name='sglang' is not allowed"):
-        rollout_of({"name": "sglang"})
-    assert rollout_of({"name": "hf", "dtype": "bfloat16"}).max_new_tokens == 32  # vLLM's key dropped, hf's default
+        engine_spec("sglang")
+    with pytest.raises(ConfigError, match=r"model.hidden_size='x' is not allowed"):  # typed as it is built
+        ModelConfig.of({"hidden_size": "x"}, "model")
 
 
 def test_task_defaults_are_the_tasks_own():
@@ -78,6 +80,17 @@ def test_nothing_below_the_door_reads_a_dictconfig():
     assert not offenders
 
 
+def test_below_the_door_the_config_is_typed_and_never_parsed_again():
+    """The issue's rule: one parse (a3po.config.parse_config); no signature in a3po/ takes an
+    untyped `cfg: Any` or `*_cfg: Any`."""
+    offenders = []
+    for path in sorted((REPO / "a3po").rglob("*.py")):
+        text = path.read_text()
+        if re.search(r"RunConfig\.of\(|\bcfg: Any\b|_cfg: Any\b", text):
+            offenders.append(str(path.relative_to(REPO)))
+    assert not offenders
+
+
 def test_a_partial_configs_top_level_values_are_config_yamls(tiny_cfg):
     from a3po.run_config import TOP_LEVEL
 
@@ -86,5 +99,5 @@ def test_a_partial_configs_top_level_values_are_config_yamls(tiny_cfg):
     assert {key: composed[key] for key in TOP_LEVEL if key != "run_name"} == \
         {key: value for key, value in TOP_LEVEL.items() if key != "run_name"}
     partial = {key: cfg[key] for key in ("algo", "schedule", "correction", "objective", "model", "rollout", "train")}
-    typed = RunConfig.of(partial)
+    typed = parse_config(partial)
     assert typed.runtime.name == "lagged" and typed.task == TaskConfig() and typed.seed == 0

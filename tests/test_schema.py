@@ -71,11 +71,11 @@ def test_null_passes_only_where_a_field_is_optional_and_ints_are_floats():
 
 
 def test_an_experiment_may_set_another_engines_keys_but_a_typo_still_fails(tiny_cfg):
-    from a3po.config import validate_config
+    from a3po.config import parse_config
 
-    validate_config(tiny_cfg("rollout=hf", "+rollout.dtype=bfloat16"))  # paper_gsm8k's vLLM key under rollout=hf
+    parse_config(tiny_cfg("rollout=hf", "+rollout.dtype=bfloat16"))  # paper_gsm8k's vLLM key under rollout=hf
     with pytest.raises(ConfigError, match="rollout.temprature is not a key of rollout"):
-        validate_config(tiny_cfg("+rollout.temprature=0.7"))
+        parse_config(tiny_cfg("+rollout.temprature=0.7"))
 
 
 def test_every_schema_field_is_typed_and_says_what_is_allowed():
@@ -86,22 +86,22 @@ def test_every_schema_field_is_typed_and_says_what_is_allowed():
 
 
 def test_a_bad_group_value_fails_at_start_through_the_cli(tiny_cfg):
-    from a3po.config import validate_config
+    from a3po.config import parse_config
 
     with pytest.raises(ConfigError, match="rollout.top_p=1.5 is not allowed; it must be in \\(0, 1\\]"):
-        validate_config(tiny_cfg("rollout.top_p=1.5"))
+        parse_config(tiny_cfg("rollout.top_p=1.5"))
     with pytest.raises(ConfigError, match="runtime.interruptible='maybe' is not allowed; it must be true or false"):
-        validate_config(tiny_cfg("runtime=async", "runtime.interruptible=maybe"))
+        parse_config(tiny_cfg("runtime=async", "runtime.interruptible=maybe"))
     with pytest.raises(ConfigError, match="logger.mode='loud' is not allowed; allowed:"):
-        validate_config(tiny_cfg("logger.mode=loud"))
+        parse_config(tiny_cfg("logger.mode=loud"))
 
 
 def test_a_misspelt_top_level_key_fails_naming_it_and_the_keys_there(tiny_cfg):
-    from a3po.config import validate_config
+    from a3po.config import parse_config
 
     with pytest.raises(ConfigError, match=r"stalness=4 is not allowed; it is not a key of the config; "
                                           r"the top-level keys are \[.*'staleness'"):
-        validate_config(tiny_cfg("+stalness=4"))
+        parse_config(tiny_cfg("+stalness=4"))
 
 
 def test_every_shipped_experiment_and_variant_composes_to_known_top_level_keys(tiny_cfg):
@@ -121,9 +121,9 @@ def test_a_misspelt_experiment_fails_at_composition_naming_the_ones_there(tiny_c
 
 
 def test_an_unknown_logged_schedule_names_the_key_that_chose_it(tiny_cfg):
-    from a3po.config import validate_config
+    from a3po.config import parse_config
 
     with pytest.raises(ConfigError, match=r"train.prox_error_schedules.foo: schedule='foo' is not allowed; allowed: \["):
-        validate_config(tiny_cfg("train.log_prox_errors=true", "+train.prox_error_schedules.foo={}"))
+        parse_config(tiny_cfg("train.log_prox_errors=true", "+train.prox_error_schedules.foo={}"))
     with pytest.raises(ConfigError, match=r"^schedule='nope' is not allowed"):
-        validate_config(tiny_cfg("schedule.name=nope"))
+        parse_config(tiny_cfg("schedule.name=nope"))

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from analysis.claims.rule import FAILS, HOLDS
-from analysis.claims.contrasts import contrast, direction_word
+from analysis.studies import contrast, direction_word
 from analysis.studies.corrections import BY_KEY, DECIDED_IN, hypothesis_verdict, versus_none
 from analysis.studies.alpha_schedules import CLIP, TRAINING, against, h_s2b, ranking
 
@@ -91,7 +91,7 @@ def test_the_corrections_hypotheses_by_their_rule():
 def test_a_study_report_ends_with_its_deviations_or_fails_at_start(tmp_path, capsys):
     import argparse
 
-    from analysis.claims.contrasts import deviations_flag, write_study_report
+    from analysis.studies import deviations_flag, write_study_report
 
     page = tmp_path / "study_s9.md"
     page.write_text("# S9\n\n## Deviations\n\n- none yet, but this line.\n")

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from a3po.run.rundir import config_differences
-from a3po.run_config import RunConfig
+from a3po.config import parse_config
 
 from conftest import REPO, compose_config
 
@@ -44,7 +44,7 @@ def sweep_overrides(config: dict) -> list[str]:
 
 
 def composed_now(config: dict) -> dict:
-    return RunConfig.of(compose_config(sweep_overrides(config))).resolved
+    return parse_config(compose_config(sweep_overrides(config))).resolved
 
 
 def changed_runs(configs: dict[str, dict]) -> dict[str, list]:

@@ -1,4 +1,4 @@
-"""S6's rules (docs/studies/s6.md) on crafted sweeps: analysis.family's verdicts and Holm, the
+"""S6's rules (docs/studies/s6.md) on crafted sweeps: analysis.studies' family verdicts and Holm, the
 tier's family, the plateau check, tier B's collapses, and the report's command."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from analysis.collapses import cell_arm_table, collapse_family, floor_line
-from analysis.family import FamilyTest, decided, judge, judge_family, paired_values, run_test, what_would_decide
+from analysis.hypotheses import Hypothesis as FamilyTest
+from analysis.studies import decided, judge, judge_family, paired_values, run_test, what_would_decide
 from analysis.figures.arms import _anchor_effect, arm_figures, by_version, with_arms
 from analysis.provenance import compute_lines
 from analysis.studies.s6 import (ARMS, STRESS_CELLS, STRESS_COLUMNS, collapsed, load_s6, main, plateau, stress_own,

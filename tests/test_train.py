@@ -15,6 +15,7 @@ from a3po.run.metrics_log import read_metrics
 from a3po.run.main import run, run_dir_of
 
 from conftest import REPO, comparable
+from a3po.config import parse_config
 
 REQUIRED_KEYS = [
     "step", "version", "wall_time", "time/step", "time/rollout", "time/prox_logp", "time/train",
@@ -76,9 +77,9 @@ def test_behave_logp_equals_trainer_forward_and_loglinear_at_staleness_zero(tiny
     policy, tokenizer = load_policy(cfg.model, seed=0)
     engine = build_engine(cfg.rollout, policy, tokenizer, torch.device("cpu"))
     timer = PhaseTimer()
-    producer = RolloutProducer(cfg, build_task(cfg.task, 0), tokenizer, engine, timer)
+    producer = RolloutProducer(parse_config(cfg), build_task(cfg.task, 0), tokenizer, engine, timer)
     batch, _ = producer(0)
-    trainer = Trainer(policy, cfg, pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=timer)
+    trainer = Trainer(policy, parse_config(cfg), pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=timer)
     with torch.no_grad():
         recomputed, _ = trainer.response_logp(batch.samples)
     behave = torch.cat([s.behave_logp for s in batch.samples])

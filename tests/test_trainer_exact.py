@@ -9,6 +9,7 @@ import sys
 import torch
 
 from a3po.learner import trainer as trainer_module
+from a3po.config import parse_config
 
 
 def _batch_and_trainer(tiny_cfg, *overrides):
@@ -23,11 +24,11 @@ def _batch_and_trainer(tiny_cfg, *overrides):
     cfg.precision = "bf16"
     policy, tokenizer = load_policy(cfg.model, seed=0)
     engine = build_engine(cfg.rollout, policy, tokenizer, torch.device("cpu"), precision="bf16")
-    producer = RolloutProducer(cfg, build_task(cfg.task, 0), tokenizer, engine, PhaseTimer())
+    producer = RolloutProducer(parse_config(cfg), build_task(cfg.task, 0), tokenizer, engine, PhaseTimer())
     batch, _ = producer(0)
     for sample in batch.samples:  # mixed rewards: every group has a gradient
         sample.reward = float(sample.response_ids.numel() % 2)
-    trainer = Trainer(policy, cfg, pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer())
+    trainer = Trainer(policy, parse_config(cfg), pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer())
     return trainer, batch
 
 

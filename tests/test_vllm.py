@@ -12,6 +12,7 @@ import threading
 
 import pytest
 import torch
+from a3po.config import parse_config
 
 try:
     import vllm  # noqa: F401
@@ -59,7 +60,7 @@ def setup():
     cfg = _config()
     policy, tokenizer = load_policy(cfg.model, seed=0)
     engine = build_engine(cfg.rollout, policy, tokenizer, torch.device("cpu"))
-    trainer = Trainer(policy, cfg, pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer())
+    trainer = Trainer(policy, parse_config(cfg), pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer())
     prompts = [tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": f"What is {i} + {2 * i}?"}],
                                                        add_generation_prompt=True, tokenize=False),
                          add_special_tokens=False).input_ids for i in range(3)]

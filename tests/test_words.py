@@ -96,9 +96,10 @@ def test_a_run_logs_the_eval_and_its_standard_error(tiny_cfg):
 
 
 def test_the_memory_check_knows_the_longest_word_problem(tiny_cfg):
+    from a3po.config import parse_config
     from a3po.run.memory_check import longest_prompt_tokens
 
-    cfg = tiny_cfg("task=words")
+    cfg = parse_config(tiny_cfg("task=words"))
     tokens, how = longest_prompt_tokens(cfg.task, cfg.model)
     assert how == "the task's longest question, tokenized"
     assert 40 < tokens < 120  # a one-line question in SmolLM2's chat template, not the 400-token bound

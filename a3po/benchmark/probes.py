@@ -20,7 +20,6 @@ from a3po.learner.update import all_finite, check_update, make_optimizer
 from a3po.maths.logprobs import token_logprobs, token_logprobs_and_entropy
 from a3po.maths.proximal import approximate_prox_logp, approximations
 from a3po.rollout import build_engine
-from a3po.run_config import rollout_of
 
 Flat = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # behave log-probs, current log-probs, versions
 
@@ -28,7 +27,7 @@ Flat = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # behave log-probs, curr
 def rollout_variant(w: Workload) -> Variant:
     """The configured engine (`rollout.name`) generating `response_len` new tokens for the
     batch's prompts from the start weights."""
-    rollout_cfg = dataclasses.replace(rollout_of(w.cfg.rollout), max_new_tokens=w.options.response_len)
+    rollout_cfg = dataclasses.replace(w.cfg.rollout, max_new_tokens=w.options.response_len)
     engine = build_engine(rollout_cfg, w.policy, w.tokenizer, w.device, precision=w.precision)
     prompts = [w.samples[g * w.batch.n_samples].prompt_ids.tolist() for g in range(w.batch.n_prompts)]
     last: dict[str, Any] = {}

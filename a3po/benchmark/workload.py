@@ -3,8 +3,9 @@ synthetic batch and the weights every repetition starts from."""
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -20,6 +21,7 @@ from a3po.learner.trainer import Trainer
 from a3po.maths.proximal import approximations
 from a3po.maths.schedules import SCHEDULES
 from a3po.run_config import Choice, RunConfig
+from a3po.schema import as_plain
 from a3po.timer import PhaseTimer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,7 +61,7 @@ class BenchmarkOptions:
 
 def compose(overrides: Sequence[str] = (), conf_dir: Path = CONF_DIR) -> RunConfig:
     """The root training config with Hydra-style overrides, validated as a run's start validates
-    it (`validate_composed`) and typed (the benchmark's door); the task group is dropped because
+    it (`parse_composed`) and typed (the benchmark's door); the task group is dropped because
     a benchmark batch needs no task (and must not depend on one being installed). Raises
     ConfigError, naming the key (or the group and its options where Hydra cannot compose)."""
     from hydra import compose as hydra_compose
@@ -73,34 +75,30 @@ def compose(overrides: Sequence[str] = (), conf_dir: Path = CONF_DIR) -> RunConf
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-            cfg = hydra_compose(config_name="config", overrides=["~task", *overrides])
-        validate_composed(cfg)
+            composed = hydra_compose(config_name="config", overrides=["~task", *overrides])
+        return parse_composed(composed)
     except (HydraException, OmegaConfBaseException) as err:
         raise composition_error(err, overrides) from None
     finally:
         GlobalHydra.instance().clear()
-    return RunConfig.of(cfg)
 
 
-def validate_composed(cfg: Any) -> None:
-    """a3po.config.validate_config on the benchmark's config, with what does not apply to a
-    benchmark left out: without a task group (dropped) the task checked is the one
-    `RunConfig.of` gives a partial config, TaskConfig's defaults; and the rollout generates
-    `--response-len` tokens, not `rollout.max_new_tokens` (probes.rollout_variant), so the run's
-    rule `train.token_budget > rollout.max_new_tokens` gives way to the benchmark's own
-    (cli.check_fits: prompt + response within the budget). Every other check is a run's."""
-    from omegaconf import open_dict
+def parse_composed(composed: Mapping[str, Any]) -> RunConfig:
+    """a3po.config.parse_config on the benchmark's config, with what does not apply to a
+    benchmark left out: without a task group (dropped) the task is a partial config's,
+    TaskConfig's defaults; and the rollout generates `--response-len` tokens, not
+    `rollout.max_new_tokens` (probes.rollout_variant), so the run's rule `train.token_budget >
+    rollout.max_new_tokens` gives way to the benchmark's own (cli.check_fits: prompt + response
+    within the budget): checked at budget - 1, kept as given. Every other check is a run's."""
+    from a3po.config import parse_config
 
-    from a3po.config import validate_config
-
-    checked = copy.deepcopy(cfg)
-    with open_dict(checked):
-        if "task" not in checked:
-            checked.task = {}
-        budget, new_tokens = checked.train.get("token_budget"), checked.rollout.get("max_new_tokens")
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in (budget, new_tokens)) and 2 <= budget <= new_tokens:
-            checked.rollout.max_new_tokens = budget - 1
-    validate_config(checked)
+    plain = as_plain({key: composed[key] for key in composed if key != "hydra"})
+    budget, new_tokens = plain["train"].get("token_budget"), plain["rollout"].get("max_new_tokens")
+    if not (all(isinstance(v, int) and not isinstance(v, bool) for v in (budget, new_tokens)) and 2 <= budget <= new_tokens):
+        return parse_config(plain)
+    config = parse_config({**plain, "rollout": {**plain["rollout"], "max_new_tokens": budget - 1}})
+    return dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, max_new_tokens=new_tokens),
+                               resolved={**config.resolved, "rollout": plain["rollout"]})
 
 
 @lru_cache(maxsize=None)
@@ -121,7 +119,7 @@ def make_trainer(cfg: RunConfig, policy: torch.nn.Module, tokenizer: Any, algo: 
     schedule=<schedule>` composed as training composes them (the two axis groups are the one
     thing typed here: an axis choice is this benchmark's to make)."""
     chosen_algo, chosen_schedule = axis_choices(algo, schedule)
-    run_cfg = RunConfig.of(cfg, algo=chosen_algo, schedule=chosen_schedule, precision=precision)
+    run_cfg = cfg.with_values(algo=chosen_algo, schedule=chosen_schedule, precision=precision)
     return Trainer(policy, run_cfg, pad_id=tokenizer.pad_token_id, device=device, timer=timer)
 
 
@@ -241,7 +239,7 @@ def build_workload(cfg: RunConfig, options: BenchmarkOptions) -> Workload:
 
     device = resolve_device(cfg.device)
     precision = resolve_precision(cfg.precision, device, cfg.model.dtype)
-    cfg = RunConfig.of(cfg, precision=precision)
+    cfg = cfg.with_values(precision=precision)
     retain_freed_memory()  # as a training run does (a3po.run.main)
     torch.manual_seed(cfg.seed)
     policy, tokenizer = load_policy(cfg.model, device=device, seed=cfg.seed)

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 
 from a3po.maths.proximal import Method, approximate_prox_logp, recomputes_at
+from a3po.maths.schedules import SCHEDULES
+from a3po.maths.spec import Bound
 
 __all__ = ["Anchor", "build_anchor"]
 
@@ -54,14 +56,13 @@ class Interpolation(Anchor):
     weighted by the alpha schedule; no forward pass."""
 
     method: str = "loglinear"
-    schedule: str = "inverse"
-    schedule_params: Mapping[str, Any] = field(default_factory=dict)
+    schedule: Bound = field(default_factory=lambda: SCHEDULES.bind({"name": "inverse"}))
 
     def approximate(self, behave, logp, versions, version, position) -> torch.Tensor:
-        """The finite check is the caller's, once per minibatch (no host sync here)."""
+        """The finite check is the caller's, once per minibatch (no host sync here); the schedule
+        was bound at start, so nothing is checked again."""
         return approximate_prox_logp(behave, logp.detach(), versions, version, method=self.method,
-                                     schedule=self.schedule, position=position, check_finite=False,
-                                     **self.schedule_params)
+                                     schedule=self.schedule, position=position, check_finite=False)
 
 
 @dataclass(frozen=True)
@@ -84,14 +85,13 @@ class Hybrid(Interpolation):
         return recompute, {**logged, "hybrid/recomputed": torch.tensor(float(recompute), device=self.device)}
 
 
-def _interpolation(method: Method, algo_params: Mapping[str, Any], schedule: str,
-                   schedule_params: Mapping[str, Any], device: torch.device) -> Interpolation:
-    return Interpolation(method.name, schedule, dict(schedule_params))
+def _interpolation(method: Method, algo_params: Mapping[str, Any], schedule: Bound,
+                   device: torch.device) -> Interpolation:
+    return Interpolation(method.name, schedule)
 
 
-def _hybrid(method: Method, algo_params: Mapping[str, Any], schedule: str, schedule_params: Mapping[str, Any],
-            device: torch.device) -> Hybrid:
-    return Hybrid(method.name, schedule, dict(schedule_params), every=int(algo_params["every"]),
+def _hybrid(method: Method, algo_params: Mapping[str, Any], schedule: Bound, device: torch.device) -> Hybrid:
+    return Hybrid(method.name, schedule, every=int(algo_params["every"]),
                   min_ess=algo_params["min_ess"], device=device)
 
 
@@ -103,8 +103,9 @@ BUILDERS: dict[str, Callable[..., Anchor]] = {
 }
 
 
-def build_anchor(method: Method, algo_params: Mapping[str, Any], schedule: str,
-                 schedule_params: Mapping[str, Any], device: torch.device | str = "cpu") -> Anchor:
-    """The strategy for `method`'s anchor kind, with its checked parameters; `device`: the
-    trainer's, on which the strategy makes the metrics it logs."""
-    return BUILDERS[method.anchor](method, algo_params, schedule, schedule_params, torch.device(device))
+def build_anchor(method: Method, algo_params: Mapping[str, Any], schedule: Bound,
+                 device: torch.device | str = "cpu") -> Anchor:
+    """The strategy for `method`'s anchor kind, with its checked parameters and the schedule
+    bound to its own (a3po.maths.spec.Bound, bound once at start); `device`: the trainer's, on
+    which the strategy makes the metrics it logs."""
+    return BUILDERS[method.anchor](method, algo_params, schedule, torch.device(device))

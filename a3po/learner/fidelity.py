@@ -15,6 +15,7 @@ from a3po.maths.loss import token_decisions
 from a3po.maths.masked import masked_mean
 from a3po.maths.proximal import approximate_prox_logp, approximation_errors
 from a3po.maths.schedules import schedule_of
+from a3po.maths.spec import Bound
 from a3po.timer import PhaseTimer
 
 __all__ = ["FidelityRecorder", "fidelity_metrics", "gradient_agreement", "loglinear_anchors", "STRATIFIED"]
@@ -25,8 +26,8 @@ STRATIFIED = ("logp_abs", "clip_flip", "clip_rate")
 
 def fidelity_metrics(reference: torch.Tensor, logp: torch.Tensor, entropy: torch.Tensor,
                      tokens: Mapping[str, torch.Tensor], version: int, minibatch: int, n_minibatches: int, *,
-                     schedules: Mapping[str, Mapping[str, Any]], objective: Mapping[str, Any],
-                     correction: Mapping[str, Any]) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+                     schedules: Mapping[str, Mapping[str, Any]], objective: Bound | Mapping[str, Any],
+                     correction: Bound | Mapping[str, Any]) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
     """One micro-batch of minibatch k of m, against the recomputed anchor `reference`, as
     (values, token weight) groups for StepMetrics: each schedule's errors and the flip rates of
     the loss's per-token decisions (a3po.maths.proximal, a3po.maths.loss); the loglinear
@@ -98,8 +99,8 @@ class FidelityRecorder:
     loss as a function of the anchor's log-probs and the trainable parameters."""
 
     schedules: Mapping[str, Mapping[str, Any]]
-    objective: Mapping[str, Any]
-    correction: Mapping[str, Any]
+    objective: Bound | Mapping[str, Any]
+    correction: Bound | Mapping[str, Any]
     grad_fidelity_every: int
     timer: PhaseTimer
     parameters: Callable[[], Iterable[torch.Tensor]]

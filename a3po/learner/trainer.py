@@ -1,14 +1,13 @@
 """One GRPO training step with a pluggable proximal policy.
 
-advantages (GRPO group norm) -> prox logp (by algo) -> n_minibatches optimizer updates, each
-accumulated over token-budget micro-batches -> grad clip -> optimizer step. The metric names
-and their reductions are declared in a3po.metrics, the maths in a3po.maths.loss and a3po.maths.proximal;
-this file only moves tensors between them and the model. With N ranks (a3po.distributed)
-each trains on its shard of every minibatch and the loss stays the 1-process token mean."""
+advantages (GRPO group norm) -> prox logp (by algo) -> n_minibatches optimizer updates, each accumulated
+over token-budget micro-batches -> grad clip -> optimizer step. The metrics are declared in a3po.metrics,
+the maths in a3po.maths; this file only moves tensors between them and the model. With N ranks
+(a3po.distributed) each trains on its shard of every minibatch; the loss stays the 1-process token mean."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 import torch
 
@@ -24,32 +23,33 @@ from a3po.maths.advantages import grpo_advantages
 from a3po.maths.logprobs import token_logprobs, token_logprobs_and_entropy
 from a3po.maths.loss import decoupled_loss
 from a3po.maths.proximal import ALGOS
-from a3po.maths.schedules import validate_schedule
+from a3po.maths.corrections import CORRECTIONS
+from a3po.maths.objectives import OBJECTIVES
+from a3po.maths.schedules import SCHEDULES
 from a3po.models.loading import compiled_layers, enable_activation_checkpointing, layers_swapped
 from a3po.run_config import RunConfig
-from a3po.distributed import (SINGLE, DistInfo, all_reduce_max, all_reduce_sum, local_value, shard,
-                                  wrap_fsdp)
+from a3po.distributed import SINGLE, DistInfo, all_reduce_max, all_reduce_sum, local_value, shard, wrap_fsdp
 from a3po.timer import DeviceSpans, PhaseTimer
 
 
 class Trainer:
-    """The learner: forwards, the proximal log-probs of the run's method and the optimizer
-    updates of one step. `cfg` is the run's config (a3po.run_config.RunConfig; its algo, schedule,
-    correction, objective, train and rollout groups and the resolved precision are read here)."""
+    """The learner: forwards, the proximal log-probs of the run's method and the optimizer updates
+    of one step. From the run's config it reads algo, schedule, correction, objective, train,
+    rollout.temperature and the resolved precision."""
 
-    def __init__(self, policy: torch.nn.Module, cfg: Any, *, pad_id: int, device: torch.device, timer: PhaseTimer,
+    def __init__(self, policy: torch.nn.Module, cfg: RunConfig, *, pad_id: int, device: torch.device, timer: PhaseTimer,
                  dist: DistInfo = SINGLE) -> None:
-        cfg = RunConfig.of(cfg)
         self.policy = policy
         # With N ranks (a3po.distributed) each trains on its shard of every minibatch; the
         # model is sharded with FSDP2 before the optimizer sees its parameters.
         self.dist = dist
         self.algo = ALGOS.lookup(cfg.algo.name)
-        # The loss axes (conf/correction, conf/objective): each holds its own parameters.
-        self.correction, self.objective = cfg.correction.as_dict(), cfg.objective.as_dict()
+        # The loss axes (conf/correction, conf/objective) and the schedule, each bound once to its
+        # checked parameters (a3po.maths.spec.Bound): the step calls them and checks nothing again.
+        self.correction, self.objective = CORRECTIONS.bind(cfg.correction.as_dict()), OBJECTIVES.bind(cfg.objective.as_dict())
         self.device = device  # the anchor makes its per-step metrics here (a3po.learner.step_metrics)
-        self.anchor = build_anchor(self.algo, self.algo.check(cfg.algo.as_dict(), "algo"), cfg.schedule.name,
-                                   validate_schedule(cfg.schedule.name, cfg.schedule.as_dict()), device)
+        self.anchor = build_anchor(self.algo, self.algo.check(cfg.algo.as_dict(), "algo"),
+                                   SCHEDULES.bind(cfg.schedule.as_dict()), device)
         self.train = cfg.train
         error_schedules = ({name: dict(params or {}) for name, params in cfg.train.prox_error_schedules.items()}
                            if cfg.train.log_prox_errors else {})

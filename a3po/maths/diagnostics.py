@@ -23,7 +23,7 @@ from a3po.maths.masked import check_same_shape, masked_max, masked_min
 __all__ = ["entropy_terciles", "ess", "offpolicy_metrics", "LOG_RATIO_BOUND"]
 
 # exp(40) ~ 2e17 squares into float32 without overflow. verl clamps log-ratios to +-20 the same
-# way (verl's SAFETY_BOUND; docs/design.md, "Sources") so a metric is never inf.
+# way (verl's SAFETY_BOUND; docs/maths.md, "Sources") so a metric is never inf.
 LOG_RATIO_BOUND = 20.0
 
 

@@ -16,10 +16,11 @@ from typing import Any, Mapping
 
 import torch
 
-from a3po.maths.corrections import Correction, apply_correction
+from a3po.maths.corrections import CORRECTIONS, Correction
 from a3po.maths.diagnostics import offpolicy_metrics
 from a3po.maths.masked import check_same_shape, masked_max, masked_mean, masked_min
-from a3po.maths.objectives import MAX_LOG_RATIO, Objective, compute_objective
+from a3po.maths.objectives import MAX_LOG_RATIO, OBJECTIVES, Objective
+from a3po.maths.spec import Bound
 
 __all__ = ["decoupled_loss", "policy_loss", "token_decisions"]
 
@@ -36,15 +37,16 @@ def policy_loss(objective: Objective, correction: Correction, valid: torch.Tenso
 
 
 def decoupled_loss(logp: torch.Tensor, prox: torch.Tensor, behave: torch.Tensor, advantages: torch.Tensor,
-                   seq_index: torch.Tensor, valid: torch.Tensor, *, objective: Mapping[str, Any],
-                   correction: Mapping[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """One micro-batch's loss and its metrics. `objective` and `correction` are config groups
-    (`name` and parameters); `prox` is an anchor, detached here whatever the caller passes.
+                   seq_index: torch.Tensor, valid: torch.Tensor, *, objective: Bound | Mapping[str, Any],
+                   correction: Bound | Mapping[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One micro-batch's loss and its metrics. `objective` and `correction`: bound at start
+    (a3po.maths.spec.Bound, the trainer's: never checked here), or config groups (`name` and
+    parameters), checked and bound on the call; `prox` is an anchor, detached here whatever the caller passes.
     Tensors of different shapes are a ValueError naming each one's shape (no broadcasting)."""
     check_same_shape(logp=logp, prox=prox, behave=behave, advantages=advantages, seq_index=seq_index, valid=valid)
     prox = prox.detach()
-    kept = apply_correction(correction["name"], prox - behave, seq_index, valid, correction)
-    clipped = compute_objective(objective["name"], logp, prox, advantages, seq_index, valid, objective)
+    kept = CORRECTIONS.bind(correction)(prox - behave, seq_index, valid)  # a Bound as it is: no check
+    clipped = OBJECTIVES.bind(objective)(logp, prox, advantages, seq_index, valid)
     ratio = torch.exp((logp.detach() - prox).clamp(max=MAX_LOG_RATIO))  # pi_theta / pi_prox per token
     behave_weight = torch.exp((prox - behave).clamp(max=MAX_LOG_RATIO))  # before the correction
     n_valid = valid.sum()
@@ -70,15 +72,15 @@ def decoupled_loss(logp: torch.Tensor, prox: torch.Tensor, behave: torch.Tensor,
 
 
 def token_decisions(logp: torch.Tensor, prox: torch.Tensor, behave: torch.Tensor, advantages: torch.Tensor,
-                    seq_index: torch.Tensor, valid: torch.Tensor, *, objective: Mapping[str, Any],
-                    correction: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+                    seq_index: torch.Tensor, valid: torch.Tensor, *, objective: Bound | Mapping[str, Any],
+                    correction: Bound | Mapping[str, Any]) -> dict[str, torch.Tensor]:
     """What the loss decides per token given the anchor `prox`: `clip`, the objective's clip is
     in force (below or above 1); `keep`, the correction keeps the token. Comparing them under
     two anchors gives the decision flip rate (a3po.maths.proximal.approximation_errors).
     Tensors of different shapes are a ValueError naming each one's shape (no broadcasting)."""
     check_same_shape(logp=logp, prox=prox, behave=behave, advantages=advantages, seq_index=seq_index, valid=valid)
     prox = prox.detach()
-    kept = apply_correction(correction["name"], prox - behave, seq_index, valid, correction)
-    clipped = compute_objective(objective["name"], logp.detach(), prox, advantages, seq_index, valid, objective)
+    kept = CORRECTIONS.bind(correction)(prox - behave, seq_index, valid)
+    clipped = OBJECTIVES.bind(objective)(logp.detach(), prox, advantages, seq_index, valid)
     return {"clip": clipped.clip_low | clipped.clip_high, "keep": kept.keep}
 

@@ -83,7 +83,7 @@ def gspo(logp, prox_logp, advantages, seq_index, valid, *, eps_clip: float,
     clip is decided per sequence (for GRPO advantages, constant within a sequence; we use the
     per-token A as verl and TRL do, AReaL uses the sequence mean of A: the same for GRPO).
     Gradient: the GSPO-token form of verl `loss_mode=gspo` (compute_policy_loss_gspo,
-    docs/design.md, "Sources"): log s_{i,t} = (logp_t - sg(logp_t)) + sg(log s_i), whose
+    docs/maths.md, "Sources"): log s_{i,t} = (logp_t - sg(logp_t)) + sg(log s_i), whose
     value is s_i and whose gradient goes to token t's own log-prob. Averaged over a sequence's
     tokens with equal weights this is the gradient of s_i itself (TRL importance_sampling_level=
     "sequence", AReaL importance_sampling_level="sequence"); unlike it, a per-token behaviour

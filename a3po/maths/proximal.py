@@ -30,7 +30,7 @@ import torch
 
 from a3po.maths.schedules import schedule_of, target_weight
 from a3po.maths.masked import check_same_shape
-from a3po.maths.spec import Param, Registry, Spec
+from a3po.maths.spec import Bound, Param, Registry, Spec
 
 __all__ = [
     "ALGOS",
@@ -131,7 +131,7 @@ def approximate_prox_logp(
     current_version: int,
     *,
     method: str = "loglinear",
-    schedule: str = "inverse",
+    schedule: str | Bound = "inverse",
     position: float = 0.0,
     check_finite: bool = True,
     **schedule_params: float,

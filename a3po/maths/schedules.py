@@ -3,7 +3,7 @@
 Each schedule maps staleness d >= 1 (a float32 tensor) to the TARGET weight alpha; the
 behaviour weight is w_b(d) = 1 - alpha. d == 0 and prompt tokens never reach a schedule: they
 get alpha = 0 (the behaviour policy itself) in `target_weight`. Each function's first comment
-gives its w_b (docs/design.md, "Alpha schedules"). A schedule whose spec has
+gives its w_b (docs/maths.md, "Alpha schedules"). A schedule whose spec has
 `uses_position=True` also takes `position` = k/m, the minibatch being trained (k of m, from 0)
 as a fraction of the step. A new schedule is its function and its `Spec` in `SCHEDULES`
 below, plus `conf/schedule/<name>.yaml`.
@@ -17,7 +17,7 @@ import torch
 
 from dataclasses import dataclass
 
-from a3po.maths.spec import Param, Registry, Spec
+from a3po.maths.spec import Bound, Param, Registry, Spec
 
 __all__ = ["SCHEDULES", "ScheduleSpec", "schedule_of", "target_weight", "validate_schedule"]
 
@@ -62,7 +62,7 @@ def target(staleness: torch.Tensor) -> torch.Tensor:
 def step_start(staleness: torch.Tensor, position: float) -> torch.Tensor:
     # w_b = (k/m) / (d + k/m): the weights at the start of the step (recompute's anchor) under
     # log-probs that drift linearly with versions, a minibatch update being 1/m of a version
-    # (docs/design.md, "The step-start schedule"). k = 0: alpha = 1, the current policy, which
+    # (docs/maths.md, "The step-start schedule"). k = 0: alpha = 1, the current policy, which
     # is the step-start policy exactly.
     return staleness / (staleness + position)
 
@@ -117,16 +117,18 @@ def validate_schedule(schedule: str, schedule_params: Mapping[str, float] | None
 
 
 def target_weight(
-    versions: torch.Tensor, current_version: int, schedule: str = "inverse", position: float = 0.0,
+    versions: torch.Tensor, current_version: int, schedule: str | Bound = "inverse", position: float = 0.0,
     **schedule_params
 ) -> torch.Tensor:
     """Per-token alpha (float32): 0 for prompt/padding (version < 0) and fresh tokens (d <= 0).
-    `position` = k/m in [0, 1): the minibatch being trained, for a schedule that uses it."""
-    params = validate_schedule(schedule, schedule_params)
+    `schedule`: bound at start (a3po.maths.spec.Bound, the trainer's: its parameters are not
+    checked again), or a name with `schedule_params`, checked here. `position` = k/m in [0, 1):
+    the minibatch being trained, for a schedule that uses it."""
+    bound = schedule if isinstance(schedule, Bound) else Bound(SCHEDULES.lookup(schedule, "schedule"),
+                                                               validate_schedule(schedule, schedule_params))
     if not 0.0 <= position < 1.0:
         raise ValueError(f"position={position!r} is not allowed; it is k/m, the minibatch index over the count, in [0, 1)")
-    if SCHEDULES[schedule].uses_position:
-        params = {**params, "position": float(position)}
+    extra = {"position": float(position)} if bound.spec.uses_position else {}
     if versions.dtype.is_floating_point or versions.dtype == torch.bool:
         raise ValueError(f"versions must be an integer tensor, got dtype {versions.dtype}")
     staleness = float(current_version) - versions.float()
@@ -134,5 +136,5 @@ def target_weight(
     # Fill the non-interpolated entries with 1 before calling the schedule so that no
     # division by zero (and no NaN gradient or warning) ever happens, then mask them to 0.
     safe = torch.where(interpolate, staleness, torch.ones_like(staleness))
-    alpha = torch.where(interpolate, SCHEDULES[schedule].fn(safe, **params), 0.0)
+    alpha = torch.where(interpolate, bound(safe, **extra), 0.0)
     return torch.clamp(alpha, 0.0, 1.0)

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
-__all__ = ["Param", "Spec", "Registry", "number"]
+__all__ = ["Param", "Spec", "Bound", "Registry", "number"]
 
 
 def number(key: str, value: Any) -> float:
@@ -76,6 +76,22 @@ class Spec:
         return values
 
 
+@dataclass(frozen=True)
+class Bound:
+    """A choice bound once, at start, to its checked parameters (`Registry.bind`): the hot path
+    calls it (`bound(*args)` runs `spec.fn(*args, **params)`) and never checks them again."""
+
+    spec: Spec
+    params: Mapping[str, float | None]
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def __call__(self, *args: Any, **extra: Any) -> Any:
+        return self.spec.fn(*args, **extra, **self.params)
+
+
 class Registry(Mapping[str, Spec]):
     """The choices of one axis, in the order they were registered. `lookup` fails with the key
     and the allowed names; `register` adds a choice (a plug-in, or a test's toy one)."""
@@ -102,6 +118,15 @@ class Registry(Mapping[str, Spec]):
             place = f"{where}: " if where and where != self.axis else ""
             raise ValueError(f"{place}{self.axis}={name!r} is not allowed; allowed: {sorted(self._specs)}")
         return self._specs[name]
+
+    def bind(self, group: "Bound | Mapping[str, Any]", where: str | None = None) -> Bound:
+        """`group` (`name` and parameters: a config group) looked up, checked and bound; a Bound
+        as it is. ValueError naming the key, as `lookup` and `Spec.check`."""
+        if isinstance(group, Bound):
+            return group
+        where = where or self.axis
+        spec = self.lookup(group.get("name"), where)
+        return Bound(spec, spec.check(group, where))
 
     def __getitem__(self, name: str) -> Spec:
         return self._specs[name]

@@ -10,6 +10,7 @@ of a sweep) reads directly.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -31,7 +32,7 @@ MODEL_SOURCES = ("smollm2_gguf", "hub", "tiny")
 def _looks_local(path: str) -> bool:
     return path.startswith(("/", "./", "../", "~")) or os.path.isdir(os.path.expanduser(path))
 
-def validate_model_cfg(model_cfg: Any) -> None:
+def validate_model_cfg(model_cfg: ModelConfig | Mapping[str, Any]) -> None:
     """Fail at start-up, before minutes of loading, with a message naming the bad key.
     `model_cfg`: a ModelConfig, or a mapping of its keys."""
     model_cfg = ModelConfig.of(model_cfg, "model")
@@ -81,7 +82,7 @@ def validate_model_cfg(model_cfg: Any) -> None:
                 f"model.num_key_value_heads={kv_heads}"
             )
 
-def load_policy(model_cfg: Any, *, device: str | torch.device = "cpu", seed: int = 0):
+def load_policy(model_cfg: ModelConfig | Mapping[str, Any], *, device: str | torch.device = "cpu", seed: int = 0):
     """Return `(model, tokenizer)` ready for left-padded batched generation on `device`."""
     model_cfg = ModelConfig.of(model_cfg, "model")
     validate_model_cfg(model_cfg)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from a3po.run_config import ModelConfig
 
 import torch
 
@@ -21,7 +21,7 @@ TINY_SIZE_KEYS = (
 )
 
 
-def build_tiny(model_cfg: Any, dtype: torch.dtype, seed: int):
+def build_tiny(model_cfg: ModelConfig, dtype: torch.dtype, seed: int):
     """A random llama sharing SmolLM2's tokenizer, so tests exercise real chat prompts."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 

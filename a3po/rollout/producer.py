@@ -29,10 +29,10 @@ def as_rollout(entry: Rollout | RolloutBatch) -> Rollout:
 class RolloutProducer:
     """`producer(step)` -> (batch, metrics) for `step`; `evaluate(after_step)` -> held-out reward."""
 
-    def __init__(self, cfg: Any, task: Any, tokenizer: Any, engine: Any, timer: PhaseTimer) -> None:
+    def __init__(self, cfg: RunConfig, task: Any, tokenizer: Any, engine: Any, timer: PhaseTimer) -> None:
         from a3po.tasks import encode_prompt
 
-        self.cfg = RunConfig.of(cfg)  # typed (as is when it already is)
+        self.cfg = cfg
         self.task, self.tokenizer, self.engine, self.timer = task, tokenizer, engine, timer
         self.encode_prompt = encode_prompt  # the same encoder as python -m a3po.rollout.calibrate
 

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from a3po.errors import EXIT_CONFIG_ERROR, ConfigError, composition_error
-from a3po.run.memory_model import format_bytes
+from a3po.memory.parts import format_bytes
+from a3po.run_config import RunConfig
 
 __all__ = ["HubItem", "Lookup", "hub_items", "lookup", "check_offline_cache", "fetch_command", "main"]
 
@@ -83,8 +84,8 @@ def cache_dir(kind: str) -> tuple[Path, str]:
     return base, "the default, no HF_HOME set"
 
 
-def hub_items(cfg: Any) -> list[HubItem]:
-    """What a run of `cfg` (composed; DictConfig or RunConfig) reads from the hub: nothing for
+def hub_items(cfg: RunConfig) -> list[HubItem]:
+    """What a run of `cfg` reads from the hub: nothing for
     the embedded SmolLM2, model=tiny, a local model.path or task.path, and the procedural tasks."""
     items = []
     model, task = cfg.model, cfg.task
@@ -154,7 +155,7 @@ def _word(key: str, value: Any) -> str:
     return shlex.quote(f"{key}={'null' if value is None else value}")
 
 
-def _selecting_overrides(cfg: Any) -> list[str]:
+def _selecting_overrides(cfg: RunConfig) -> list[str]:
     """`cfg`'s model and task groups by name, with the keys naming hub items that differ from the file."""
     from omegaconf import OmegaConf
 
@@ -170,7 +171,7 @@ def _selecting_overrides(cfg: Any) -> list[str]:
     return words
 
 
-def fetch_command(cfg: Any, overrides: Sequence[str] | None = None) -> str:
+def fetch_command(cfg: RunConfig, overrides: Sequence[str] | None = None) -> str:
     """The fetch command for `cfg`: with `overrides`, else this Hydra job's (experiments/train.py), else
     overrides selecting its model and task."""
     if overrides is None:
@@ -181,7 +182,7 @@ def fetch_command(cfg: Any, overrides: Sequence[str] | None = None) -> str:
     return " ".join([FETCH, *words])
 
 
-def check_offline_cache(cfg: Any, overrides: Sequence[str] | None = None) -> None:
+def check_offline_cache(cfg: RunConfig, overrides: Sequence[str] | None = None) -> None:
     """At a run's start: with HF_HUB_OFFLINE=1 (HF_DATASETS_OFFLINE=1 for a dataset), every hub
     item the run reads must be in the local cache, else a ConfigError names each missing one,
     the cache looked in, and the fetch command. Without the offline variables, nothing is checked."""
@@ -203,7 +204,7 @@ def _compose(overrides: Sequence[str]):
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from a3po.config import validate_config
+    from a3po.config import parse_config
 
     flags = [word for word in overrides if word.startswith("-")]
     if flags:
@@ -211,11 +212,9 @@ def _compose(overrides: Sequence[str]):
                           "Hydra overrides, key=value, as a run takes them)")
     try:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=list(overrides))
-        validate_config(cfg)
+            return parse_config(compose(config_name="config", overrides=list(overrides)))
     except (HydraException, OmegaConfBaseException) as err:
         raise composition_error(err, overrides) from None
-    return cfg
 
 
 def _download(item: HubItem) -> None:

@@ -136,10 +136,3 @@ class CollapseWatch:
                 self.update(record["step"], record.get("actor/entropy"), record.get("actor/grad_norm"))
         return self
 
-
-def collapse_flags(steps: Iterable[int], entropies: Iterable[float | None], grad_norms: Iterable[float | None],
-                   rule: CollapseRule = CollapseRule()) -> list[int | None]:
-    """Per step, the step its collapse began, or None where the step is not (yet) collapsed:
-    the pure form of `CollapseWatch`, for tests and for analysing logs after the fact."""
-    watch = CollapseWatch(rule)
-    return [watch.update(s, e, g).get(COLLAPSE_STEP) for s, e, g in zip(steps, entropies, grad_norms)]

@@ -17,7 +17,7 @@ from a3po.run.checkpoint import checkpoint_path
 from a3po.distributed import any_rank, broadcast_object
 from a3po.run.health import EXIT_DIVERGED, CollapseRule, CollapseWatch, NonFiniteUpdate, RunDiverged, divergence_record, write_divergence
 from a3po.allocator import release_freed_memory
-from a3po.run.memory_room import host_resident, process_memory
+from a3po.memory.machine import host_resident, process_memory
 from a3po.run.metrics_log import MetricsLogger, read_metrics
 from a3po.run.parts import RunParts
 from a3po.run.preemption import GracefulStop
@@ -38,7 +38,7 @@ def train_step(parts: RunParts, step: int) -> dict[str, Any]:
     shared machine the CPU figure is the one that survives. A step that finds the process's
     resident memory above `parts.host_ceiling` starts by handing the heap's freed pages back,
     within its timing (the pages it then faults in again are its own cost). `memory/*` is read
-    after the step and its eval (a3po.run.memory_room.process_memory).
+    after the step and its eval (a3po.memory.machine.process_memory).
     Distributed: rank 0's runtime makes the batch and every rank gets it; the figures are rank 0's."""
     cfg, dist, timer = parts.cfg, parts.dist, parts.timer
     wall_start, cpu_start = time.perf_counter(), time.process_time()

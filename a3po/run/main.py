@@ -1,7 +1,7 @@
 """`run(cfg)`: one training run, from a composed config to metrics.jsonl and last.pt.
 
 Validate the config (before anything heavy loads) -> check that the run fits the machine's
-memory (a3po.run.memory) -> claim the run directory and read where
+memory (a3po.memory.estimate) -> claim the run directory and read where
 it stands (a3po.run.resume) -> build the parts (a3po.run.parts) -> restore the checkpoint ->
 warm up -> the loop (a3po.run.loop). Re-running the same command resumes from
 `checkpoints/last.pt`; a finished run returns at once, and a diverged one (a3po.run.health)
@@ -14,17 +14,15 @@ rank trains on its shard of each minibatch.
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
-
 from a3po.allocator import expandable_cuda_segments, retain_freed_memory
-from a3po.config import validate_config, validate_resolved, validate_world
+from a3po.config import parse_config, validate_resolved, validate_world
 from a3po.device import pin_bf16_gemms, resolve_device, resolve_precision
 from a3po.distributed import DistInfo, close_distributed, init_distributed, launched_world, rank_device
 from a3po.run.fetch import check_offline_cache
@@ -33,6 +31,7 @@ from a3po.run.loop import train_loop
 from a3po.run.memory_check import check_memory, host_ceiling
 from a3po.run.metrics_log import MetricsLogger
 from a3po.rollout import check_engine_device
+from a3po.rollout.engines import engine_spec
 from a3po.run_config import RunConfig
 from a3po.run.parts import build_parts, rollout_device, warm_up
 from a3po.run.resume import open_run_dir, restore
@@ -44,26 +43,25 @@ __all__ = ["run", "run_dir_of"]
 log = logging.getLogger(__name__)
 
 
-def run_dir_of(cfg: DictConfig | RunConfig) -> Path:
+def run_dir_of(cfg: RunConfig) -> Path:
     return Path(cfg.output_root) / cfg.experiment_name / cfg.run_name
 
 
-def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
+def run(composed: Mapping[str, Any], run_dir: str | Path | None = None) -> dict[str, Any]:
     """Train in `run_dir` (Hydra's output directory; default output_root/experiment_name/run_name).
-    Returns the last step's metrics (empty if the run had already finished). The door: `cfg` (the
-    composed DictConfig) is validated, its precision resolved, and from here on the run holds it
-    as one typed, frozen RunConfig (a3po.run_config); the caller's `cfg` is not changed."""
-    validate_config(cfg)  # before anything heavy loads
+    Returns the last step's metrics (empty if the run had already finished). The door: the
+    composed config (Hydra's DictConfig) is parsed once into the typed, frozen RunConfig
+    (a3po.config.parse_config), its precision resolved, and from here on the run holds that."""
+    cfg = parse_config(composed)  # every check that needs no model, before anything heavy loads
     validate_world(cfg, launched_world())
     check_offline_cache(cfg)  # HF_HUB_OFFLINE=1: what the run reads from the hub must be cached (a3po.run.fetch)
     device = resolve_device(cfg.device)
-    expandable_cuda_segments(device, cfg.rollout.name)  # before the memory check touches CUDA
-    # The resolved precision is what the run records (config.yaml, wandb, run name): `auto`
-    # may mean bf16 on one machine and fp32 on another, and those are different runs. Set on a
-    # copy before anything reads the name, whose identity interpolates it.
-    cfg = copy.deepcopy(cfg)
-    cfg.precision = resolve_precision(cfg.precision, device, cfg.model.dtype)
-    cfg = RunConfig.of(cfg)
+    # before the memory check touches CUDA
+    expandable_cuda_segments(device, engine_spec(cfg.rollout.name).expandable_segments)
+    # The resolved precision is what the run records (config.yaml, wandb): `auto` may mean bf16
+    # on one machine and fp32 on another, and those are different runs (the identity and run
+    # name resolve it alike: a3po.identity.name_precision).
+    cfg = cfg.with_values(precision=resolve_precision(cfg.precision, device, cfg.model.dtype))
     validate_resolved(cfg)
     pin_bf16_gemms(cfg.bf16_gemms, device)  # before the memory check, which counts the GEMMs' operands
     # Will it fit? Before the run directory is claimed and any weight loads, so a config too large

@@ -1,5 +1,5 @@
 """The memory check at start (a3po.run.main.run, `memory_check`, conf/config.yaml): what the
-estimate (a3po.run.memory) needs that only this machine and the model's files know, the
+estimate (a3po.memory.estimate) needs that only this machine and the model's files know, the
 architecture without a weight, the task's longest prompt, the memory a device can still
 give, and the verdict. `python -m a3po.run.memory_plan [overrides]` prints the breakdown."""
 
@@ -13,14 +13,17 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
+
+import torch
 
 from a3po.config import memory_check_mode
 from a3po.errors import ConfigError
-from a3po.run.memory import estimate_memory
-from a3po.run.memory_room import available_memory
+from a3po.memory.estimate import estimate_memory
+from a3po.memory.machine import available_memory
+from a3po.rollout.engines import engine_spec
 from a3po.run_config import ModelConfig, RunConfig, TaskConfig
-from a3po.run.memory_model import PUBLISHED_CONFIGS, SMOLLM2_135M, Architecture, Estimate, Part, architecture_from, format_bytes
+from a3po.memory.parts import PUBLISHED_CONFIGS, SMOLLM2_135M, Architecture, Estimate, Part, architecture_from, format_bytes
 
 __all__ = ["architecture_of", "longest_prompt_tokens", "verdict", "estimate_run", "check_memory", "WARN_SHARE"]
 
@@ -30,20 +33,19 @@ log = logging.getLogger(__name__)
 WARN_SHARE = 0.8
 
 
-def architecture_of(model_cfg: Any) -> tuple[Architecture | None, str]:
+def architecture_of(model_cfg: ModelConfig) -> tuple[Architecture | None, str]:
     """The architecture of `model.*` without loading a weight, and where it came from; None and
     the reason where it cannot be known (a hub model that cannot be reached)."""
     from a3po.models import smollm2_cache_dir
     from a3po.models.smollm2 import is_converted
     from a3po.models.tiny import TINY_SIZE_KEYS
 
-    model_cfg = ModelConfig.of(model_cfg, "model")
     source = model_cfg.source
     if source in ("tiny", "smollm2_gguf"):
         cache = smollm2_cache_dir()
         converted = is_converted(cache)
         smollm2 = json.loads((cache / "config.json").read_text()) if converted else SMOLLM2_135M
-        where = str(cache / "config.json") if converted else "a3po.run.memory_model.SMOLLM2_135M (not converted yet)"
+        where = str(cache / "config.json") if converted else "a3po.memory.parts.SMOLLM2_135M (not converted yet)"
         if source == "smollm2_gguf":
             return architecture_from(smollm2), where
         # a3po.models.tiny: the given sizes, SmolLM2's tokenizer (its vocabulary), a tied output layer
@@ -73,14 +75,13 @@ TEMPLATE_TOKENS_BOUND = 64
 GSM8K_QUESTION_TOKENS_BOUND = 400
 
 
-def _longest_question(task_cfg: Any) -> str | None:
+def _longest_question(task_cfg: TaskConfig) -> str | None:
     """The task's longest question by characters, where it is cheap to know: every arith
     problem of the level (at most 15,552), every word problem (37,440), a local GSM8K file, a
     reasoning-gym dataset's generated problems; None for GSM8K from the hub."""
     from a3po.tasks import build_task
     from a3po.tasks.arith import level_problems
 
-    task_cfg = TaskConfig.of(task_cfg, "task")
     name = task_cfg.name
     if name == "arith":
         return max((p.question for p in level_problems(task_cfg.level)), key=len)
@@ -94,14 +95,13 @@ def _longest_question(task_cfg: Any) -> str | None:
     return None
 
 
-def _tokenizer_of(model_cfg: Any):
+def _tokenizer_of(model_cfg: ModelConfig):
     """The model's tokenizer where it is on this machine (no download); None otherwise."""
     from transformers import AutoTokenizer
 
     from a3po.models import smollm2_cache_dir
     from a3po.models.smollm2 import is_converted
 
-    model_cfg = ModelConfig.of(model_cfg, "model")
     source = model_cfg.source
     path = smollm2_cache_dir() if source in ("tiny", "smollm2_gguf") else Path(os.path.expanduser(str(model_cfg.path)))
     if source != "hub" and not is_converted(path):
@@ -112,13 +112,13 @@ def _tokenizer_of(model_cfg: Any):
         return None
 
 
-def longest_prompt_tokens(task_cfg: Any, model_cfg: Any) -> tuple[int, str]:
+def longest_prompt_tokens(task_cfg: TaskConfig, model_cfg: ModelConfig) -> tuple[int, str]:
     """The longest prompt the rollout will see, in tokens, and how it was found: the task's
     longest question rendered and tokenized as the producer does (a3po.tasks.encode_prompt)
     where the tokenizer is on this machine, else a bound (`TEMPLATE_TOKENS_BOUND` plus a token
     per character; GSM8K from the hub: `GSM8K_QUESTION_TOKENS_BOUND`). Remembered per (task,
     model): a test suite or a sweep in one process starts many runs of one task and model."""
-    task, model = (dataclasses.asdict(spec.of(group)) for spec, group in ((TaskConfig, task_cfg), (ModelConfig, model_cfg)))
+    task, model = dataclasses.asdict(task_cfg), dataclasses.asdict(model_cfg)
     return _longest_prompt_tokens(json.dumps(task, sort_keys=True), json.dumps(model, sort_keys=True))
 
 
@@ -126,8 +126,8 @@ def longest_prompt_tokens(task_cfg: Any, model_cfg: Any) -> tuple[int, str]:
 def _longest_prompt_tokens(task_json: str, model_json: str) -> tuple[int, str]:
     from a3po.tasks import ANSWER_INSTRUCTION, encode_prompt
 
-    question = _longest_question(json.loads(task_json))
-    tokenizer = _tokenizer_of(json.loads(model_json))
+    question = _longest_question(TaskConfig(**json.loads(task_json)))
+    tokenizer = _tokenizer_of(ModelConfig(**json.loads(model_json)))
     if tokenizer is not None and question is not None:
         return len(encode_prompt(tokenizer, question)), "the task's longest question, tokenized"
     if tokenizer is not None:
@@ -167,12 +167,10 @@ def _device_name(device) -> str:
     return f"cuda:{device.index or 0}" if device.type == "cuda" else "cpu"
 
 
-def estimate_run(cfg: Any, arch: Architecture, trainer_device: Any, world: int = 1) -> Estimate:
+def estimate_run(cfg: RunConfig, arch: Architecture, trainer_device: torch.device | str, world: int = 1) -> Estimate:
     """`estimate_memory` for `cfg` on this machine: the task's longest prompt, where the rollout runs
     (a3po.run.parts.rollout_device), a vLLM GPU's size, the model's attention (`model.attn_implementation`:
     eager keeps each head's seq x seq probabilities), where bf16's GEMMs run in float32."""
-    import torch
-
     from a3po.allocator import MMAP_THRESHOLD
     from a3po.device import bf16_gemm_in_float32
     from a3po.models.loading import attn_implementation
@@ -180,9 +178,10 @@ def estimate_run(cfg: Any, arch: Architecture, trainer_device: Any, world: int =
 
     trainer = torch.device(trainer_device)
     on_rollout = rollout_device(cfg, trainer)
-    vllm_gpu = on_rollout.type == "cuda" and cfg.rollout.name == "vllm"
-    device_total = torch.cuda.get_device_properties(on_rollout).total_memory if vllm_gpu else None
-    return estimate_memory(cfg, arch, prompt_tokens=longest_prompt_tokens(cfg.task, cfg.model)[0],
+    engine = engine_spec(cfg.rollout.name)
+    sized = on_rollout.type == "cuda" and engine.sized_by_device
+    device_total = torch.cuda.get_device_properties(on_rollout).total_memory if sized else None
+    return estimate_memory(cfg, arch, rollout_parts=engine.memory_parts, prompt_tokens=longest_prompt_tokens(cfg.task, cfg.model)[0],
                            trainer_device=_device_name(trainer), rollout_device=_device_name(on_rollout), world=world,
                            device_total=device_total, eager_attention=attn_implementation(cfg.model) == "eager",
                            mmap_threshold=MMAP_THRESHOLD,  # glibc's, as the run sets it (a3po.allocator)
@@ -213,7 +212,7 @@ def wait_for_room(estimate: Estimate, devices: list[str], wait_min: float,
         waited = time.monotonic() - start
 
 
-def check_memory(cfg: Any, trainer_device: Any, world: int = 1, is_main: bool = True) -> Estimate | None:
+def check_memory(cfg: RunConfig, trainer_device: torch.device | str, world: int = 1, is_main: bool = True) -> Estimate | None:
     """The start-up check (a3po.run.main.run, after precision and device are resolved, before
     the run directory is claimed): ConfigError where the estimated peak exceeds what a device
     has (`memory_check=error`; after waiting up to `memory_check_wait_min` minutes for it to
@@ -221,7 +220,6 @@ def check_memory(cfg: Any, trainer_device: Any, world: int = 1, is_main: bool = 
     Returns the estimate (None where it was skipped). A rank other than rank 0 (`is_main`)
     holds no rollout: it checks its own device and the host only, and never opens a CUDA
     context on the rollout's GPU by asking it for its free memory."""
-    cfg = RunConfig.of(cfg)  # typed (as is when it already is)
     mode = memory_check_mode(cfg.memory_check)
     if mode == "off":
         return None
@@ -230,8 +228,6 @@ def check_memory(cfg: Any, trainer_device: Any, world: int = 1, is_main: bool = 
         log.warning("memory check skipped: %s", source)
         return None
     estimate = estimate_run(cfg, arch, trainer_device, world)
-    import torch
-
     own = {"cpu", _device_name(torch.device(trainer_device))}
     checked = [device for device in estimate.devices() if is_main or device in own]
     wait_min = cfg.memory_check_wait_min if mode == "error" else 0

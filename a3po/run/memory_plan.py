@@ -15,20 +15,21 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
 from a3po.errors import EXIT_CONFIG_ERROR, ConfigError, composition_error
-from a3po.run.memory import estimate_memory
+from a3po.memory.estimate import estimate_memory
+from a3po.rollout.engines import engine_spec
 from a3po.run_config import RunConfig
 from a3po.run.memory_check import architecture_of, estimate_run, longest_prompt_tokens, verdict
-from a3po.run.memory_model import GIB, Architecture, Estimate
+from a3po.memory.parts import GIB, Architecture, Estimate
 
 __all__ = ["planned_estimate", "plan", "main"]
 
 
-def _planned_device(name: Any, default: str) -> str:
+def _planned_device(name: str | None, default: str) -> str:
     """A device name as the run would resolve it on a GPU machine (`auto`/`cuda` -> `cuda:0`)."""
     if name is None or name in ("auto", "cuda"):
         return default
@@ -36,21 +37,21 @@ def _planned_device(name: Any, default: str) -> str:
     return f"cuda:{device.index or 0}" if device.type == "cuda" else "cpu"
 
 
-def planned_estimate(cfg: Any, arch: Architecture, *, gpu_bytes: int, world: int = 1) -> Estimate:
-    """The estimate of rank 0 of `cfg` (composed) on GPUs of `gpu_bytes` each."""
+def planned_estimate(cfg: RunConfig, arch: Architecture, *, gpu_bytes: int, world: int = 1) -> Estimate:
+    """The estimate of rank 0 of `cfg` on GPUs of `gpu_bytes` each."""
     from a3po.allocator import MMAP_THRESHOLD
     from a3po.models.loading import attn_implementation
 
-    cfg = RunConfig.of(cfg, **({"precision": "bf16"} if cfg.precision == "auto" else {}))
+    cfg = cfg.with_values(precision="bf16") if cfg.precision == "auto" else cfg
     trainer = _planned_device(cfg.device, "cuda:0")
     rollout = _planned_device(cfg.rollout.device, trainer)
     prompt, _ = longest_prompt_tokens(cfg.task, cfg.model)
-    return estimate_memory(cfg, arch, prompt_tokens=prompt, trainer_device=trainer, rollout_device=rollout,
+    return estimate_memory(cfg, arch, rollout_parts=engine_spec(cfg.rollout.name).memory_parts, prompt_tokens=prompt, trainer_device=trainer, rollout_device=rollout,
                            world=world, device_total=gpu_bytes,
                            eager_attention=attn_implementation(cfg.model) == "eager", mmap_threshold=MMAP_THRESHOLD)
 
 
-def plan(cfg: Any, arch: Architecture, *, gpu_bytes: int, world: int = 1,
+def plan(cfg: RunConfig, arch: Architecture, *, gpu_bytes: int, world: int = 1,
          host_bytes: int | None = None) -> tuple[Estimate, str, str | None]:
     """(estimate, level, message): the start-up check's verdict on empty GPUs of `gpu_bytes`
     (and `host_bytes` of host memory, where given)."""
@@ -70,15 +71,15 @@ def _compose(overrides: Sequence[str]):
         return compose(config_name="config", overrides=list(overrides))
 
 
-def _check(args: argparse.Namespace, overrides: Sequence[str]):
-    """The composed config, after every check that needs no model: the flags' ranges, no
-    misspelt flag left over for Hydra, the config as a run's start validates it
-    (a3po.config.validate_config, and validate_world for `--world` processes). Raises
+def _check(args: argparse.Namespace, overrides: Sequence[str]) -> RunConfig:
+    """The composed config, typed, after every check that needs no model: the flags' ranges, no
+    misspelt flag left over for Hydra, the config as a run's start checks it
+    (a3po.config.parse_config, and validate_world for `--world` processes). Raises
     ConfigError naming the flag or key."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from a3po.config import validate_config, validate_world
+    from a3po.config import parse_config, validate_world
 
     flags = [word for word in overrides if word.startswith("-")]
     if flags:
@@ -91,8 +92,7 @@ def _check(args: argparse.Namespace, overrides: Sequence[str]):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise ConfigError(f"--{flag.replace('_', '-')}={value!r} is not allowed; it must be a number > 0 (GiB)")
     try:
-        cfg = _compose(overrides)
-        validate_config(cfg)
+        cfg = parse_config(_compose(overrides))
     except (HydraException, OmegaConfBaseException) as err:
         raise composition_error(err, overrides) from None
     validate_world(cfg, args.world)
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         from a3po.device import resolve_device, resolve_precision
 
         device = resolve_device(cfg.device)
-        cfg = RunConfig.of(cfg, precision=resolve_precision(cfg.precision, device, cfg.model.dtype))
+        cfg = cfg.with_values(precision=resolve_precision(cfg.precision, device, cfg.model.dtype))
         estimate, level, message = estimate_run(cfg, arch, device), "ok", None
         precision = cfg.precision
     else:

@@ -70,7 +70,6 @@ class MetricsLogger:
         checkpoint carries (the step it was written after): a run that died between writing
         the checkpoint and logging that step gets the line back, with its checkpoint time
         unknown (null)."""
-        cfg = RunConfig.of(cfg)  # typed (as is when it already is)
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         kept = [r for r in read_metrics(self.path) if r.get("step", math.inf) < start_step]

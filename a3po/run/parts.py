@@ -13,6 +13,7 @@ import torch
 
 from a3po.device import resolve_device
 from a3po.learner.trainer import Trainer
+from a3po.rollout.engines import engine_spec
 from a3po.rollout.producer import RolloutProducer
 from a3po.run_config import RunConfig
 from a3po.distributed import DistInfo, full_state_dict
@@ -85,13 +86,11 @@ def rollout_device(cfg: RunConfig, trainer_device: torch.device) -> torch.device
 
 def needs_own_policy(cfg: RunConfig, on_device: torch.device, trainer_device: torch.device, world: int) -> bool:
     """Whether the rollout side holds a policy of its own (filled by each weight sync) instead of
-    the trainer's module: under torchrun, on another device, or for a vLLM child process, which
-    receives its weights through host shared memory (a3po.rollout.vllm_child)."""
-    from a3po.rollout import vllm_placement
-
+    the trainer's module: under torchrun, on another device, or where its engine says so (a vLLM
+    child process receives its weights through host shared memory: a3po.rollout.vllm_child)."""
     if world > 1 or on_device != trainer_device:
         return True
-    return cfg.rollout.name == "vllm" and vllm_placement(on_device, trainer_device, world)[0] == "child"
+    return engine_spec(cfg.rollout.name).own_policy(on_device, trainer_device, world)
 
 
 def build_runtime(cfg: RunConfig, produce: RolloutProducer, engine, step_timer: PhaseTimer):
@@ -128,7 +127,8 @@ def build_parts(cfg: RunConfig, run_dir: Path, device: torch.device, dist: DistI
     concurrent = cfg.runtime.name == "async"
     rollout_policy = policy
     if needs_own_policy(cfg, on_device, device, dist.world):  # loaded where it lives: no transient copy on `device`
-        rollout_policy = load_policy(cfg.model, device=on_device if cfg.rollout.name == "hf" else "cpu",
+        host = engine_spec(cfg.rollout.name).policy_on_host
+        rollout_policy = load_policy(cfg.model, device="cpu" if host else on_device,
                                      seed=cfg.seed)[0]  # the trainer's requires_grad flags: see HFCopyEngine
     engine = build_engine(cfg.rollout, rollout_policy, tokenizer, on_device, concurrent=concurrent,
                           interruptible=concurrent and cfg.runtime.interruptible, precision=cfg.precision,

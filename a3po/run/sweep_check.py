@@ -1,7 +1,7 @@
 """Every job of a sweep checked before any job starts.
 
 A Hydra multirun launches its jobs one after another (the basic launcher) or as a SLURM array;
-each job validates its own config at start (a3po.config.validate_config). A bad value in the
+each job validates its own config at start (a3po.config.parse_config). A bad value in the
 sweep's last job would then stop the sweep only after the jobs before it had trained: hours on
 a CPU, a queue's wait on SLURM. `CheckSweepConfigs`, a Hydra callback (conf/config.yaml's
 `hydra.callbacks`), composes and validates every job's config when the multirun starts, so the
@@ -41,7 +41,7 @@ class CheckSweepConfigs(Callback):
         from hydra import compose
         from omegaconf import OmegaConf
 
-        from a3po.config import validate_config
+        from a3po.config import parse_config
         from a3po.errors import EXIT_CONFIG_ERROR, ConfigError
 
         if config.hydra.sweeper.get("_target_") != BASIC_SWEEPER:
@@ -52,7 +52,7 @@ class CheckSweepConfigs(Callback):
         for index, overrides in enumerate(jobs):
             own = [item for item in overrides if not item.lstrip("+~").startswith("hydra")]
             try:
-                validate_config(compose(config_name=config.hydra.job.config_name, overrides=own))
+                parse_config(compose(config_name=config.hydra.job.config_name, overrides=own))
             except ConfigError as err:
                 print(f"config error: job #{index} of {len(jobs)} ({' '.join(own)}): {err}; "
                       "nothing was launched", file=sys.stderr)

@@ -67,8 +67,7 @@ def compose_resolved(overrides: list[str], device: torch.device):
     from a3po.smoke.probes import compose
 
     cfg = compose(overrides)
-    cfg.precision = resolve_precision(cfg.precision, device, cfg.model.dtype)
-    return cfg
+    return cfg.with_values(precision=resolve_precision(cfg.precision, device, cfg.model.dtype))
 
 
 def build_qwen2(sizes: dict[str, Any], device: torch.device, dtype: str, attention: str) -> torch.nn.Module:
@@ -213,7 +212,7 @@ def qwen_step(dry_run: bool) -> dict[str, Any]:
     """One step at Qwen2.5-1.5B's sizes and gpu1's settings beside vLLM's stand-in block."""
     from a3po.learner.trainer import Trainer
     from a3po.run.memory_check import GSM8K_QUESTION_TOKENS_BOUND, TEMPLATE_TOKENS_BOUND
-    from a3po.run.memory_model import PUBLISHED_CONFIGS
+    from a3po.memory.parts import PUBLISHED_CONFIGS
     from a3po.timer import PhaseTimer
 
     user_allocator = {key: os.environ.pop(key) for key in ALLOC_CONF_KEYS if key in os.environ}  # the default, always

@@ -72,16 +72,17 @@ def machine_info() -> dict[str, Any]:
 
 
 def compose(overrides: Sequence[str]):
-    """The training config (conf/config.yaml) with Hydra overrides, as experiments/train.py composes it."""
+    """The training config (conf/config.yaml) with Hydra overrides, as experiments/train.py composes
+    it, parsed as a run's start parses it (a3po.config.parse_config)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    import a3po.config  # noqa: F401  (registers the run-name resolver)
+    from a3po.config import parse_config
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=list(overrides))
+        return parse_config(hydra_compose(config_name="config", overrides=list(overrides)))
 
 
 def need_vllm(_: Sequence[str]) -> str | None:
@@ -108,9 +109,8 @@ def need_gsm8k(overrides: Sequence[str]) -> str | None:
     from a3po.errors import ConfigError
     from a3po.tasks import build_task
 
-    cfg = compose(["task=gsm8k", *overrides])
-    try:
-        build_task(cfg.task, 0)
+    try:  # the parse checks a local task.path, the build reads it or the hub
+        build_task(compose(["task=gsm8k", *overrides]).task, 0)
     except (ConfigError, ImportError) as error:  # the hub unreachable, no local copy, or `datasets` absent
         return (f"GSM8K cannot be loaded ({' '.join(str(error).split())[:400]}); give a local copy with "
                 f"--gsm8k-path (task.path, conf/task/gsm8k.yaml) or run where the hub is reachable")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from a3po.errors import ConfigError
@@ -47,7 +48,7 @@ TASKS: dict[str, Callable[[TaskConfig, int], Task]] = {"arith": _build_arith, "g
                                                         "words": _build_words, "reasoning_gym": _build_reasoning_gym}
 
 
-def validate_task_cfg(task_cfg: Any) -> None:
+def validate_task_cfg(task_cfg: TaskConfig | Mapping[str, Any]) -> None:
     """The checks that need no data, so a bad config fails before the model loads. `task_cfg`: a
     TaskConfig, or a mapping of its keys."""
     task_cfg = TaskConfig.of(task_cfg, "task")
@@ -78,7 +79,7 @@ def validate_task_cfg(task_cfg: Any) -> None:
             )
 
 
-def build_task(task_cfg: Any, seed: int) -> Task:
+def build_task(task_cfg: TaskConfig | Mapping[str, Any], seed: int) -> Task:
     """The task `task_cfg` (a TaskConfig, or a mapping of its keys) names, validated first."""
     task_cfg = TaskConfig.of(task_cfg, "task")
     validate_task_cfg(task_cfg)

@@ -12,11 +12,10 @@ import pandas as pd
 
 from analysis.anchor.model import CLIP, RECOMPUTE, anchor_distance, prediction
 from analysis.anchor.tracking import schedule_markdown, schedule_table
-from analysis.claims.contrasts import schedule_arm
 from analysis.claims.rule import FAILS, HOLDS
 from analysis.hypotheses import titled
 from analysis.markdown import fmt_interval, markdown_table
-from analysis.runs import lookup
+from analysis.runs import lookup, schedule_arm
 from analysis.stats import mean_ci
 
 __all__ = ["ARMS", "with_minibatches", "counterfactual_rates", "counterfactual_cells", "counterfactual_verdict", "counterfactual_section",

@@ -1,7 +1,7 @@
 """One RL step's work, phase by phase, from the model's shapes and the step's token counts:
 FLOPs and bytes (pure counts), and the seconds they take on a device at given efficiencies.
 
-Counts, for a dense decoder (a3po.run.memory_model.Architecture) with N non-embedding
+Counts, for a dense decoder (a3po.memory.parts.Architecture) with N non-embedding
 parameters in its layers, hidden size h, L layers, vocabulary V, over sequences of prompt P
 and response R tokens (R̄ the mean, R_max the longest):
 
@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 
 from a3po.benchmark.derive import forward_flops as benchmark_forward_flops
-from a3po.run.memory_model import Architecture
+from a3po.memory.parts import Architecture
 
 __all__ = ["StepShape", "Efficiency", "Hardware", "forward_flops", "train_flops", "prefill_flops",
            "decode_flops", "decode_bytes", "decode_seconds", "optimizer_bytes", "sync_bytes", "phase_seconds", "PHASES"]

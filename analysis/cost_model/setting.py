@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import NamedTuple
 
-from a3po.run.memory_model import SMOLLM2_135M, Architecture, architecture_from
+from a3po.memory.parts import SMOLLM2_135M, Architecture, architecture_from
 from analysis.cost_model.devices import device
 from analysis.cost_model.phases import Efficiency, Hardware, StepShape, forward_flops, phase_seconds, train_flops
 from analysis.cost_model.pipeline import async_step, bounding_side, serial_step, trainer_side
@@ -17,7 +17,7 @@ __all__ = ["ARCHITECTURES", "architecture", "Reported", "REPORTED", "required_fo
 
 # config.json's fields (Hugging Face hub), each as its model card gives it
 ARCHITECTURES = {
-    "smollm2-135m": (SMOLLM2_135M, "the converted GGUF's config.json (a3po.run.memory_model.SMOLLM2_135M)"),
+    "smollm2-135m": (SMOLLM2_135M, "the converted GGUF's config.json (a3po.memory.parts.SMOLLM2_135M)"),
     "qwen2.5-1.5b": ({"vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
                       "num_attention_heads": 12, "num_key_value_heads": 2, "head_dim": 128,
                       "tie_word_embeddings": True, "model_type": "qwen2"},

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from a3po.run.memory_model import Architecture
+from a3po.memory.parts import Architecture
 from analysis.cost_model.phases import (Efficiency, Hardware, StepShape, decode_seconds, forward_flops,
                                         optimizer_bytes, phase_seconds, prefill_flops, train_flops)
 from analysis.cost_model.pipeline import serial_step

@@ -28,7 +28,6 @@ from matplotlib.figure import Figure
 
 from analysis.anchor.model import behaviour_weight, clip_reach
 from analysis.anchor.tracking import s2_verdicts, schedule_markdown, schedule_table
-from analysis.claims.contrasts import code, schedule_arm, contrast, contrast_table, provenance_table, deviations_flag, write_study_report
 from analysis.claims.paper import CLAIMS
 from analysis.claims.rule import FAILS, HOLDS, Claim
 from analysis.frame import disambiguate
@@ -37,9 +36,11 @@ from analysis.load import load_configs, load_runs
 from analysis.markdown import markdown_table
 from analysis.plotting import interval_errorbar, save
 from analysis.provenance import generated_line, REPORT_FIGURES, figures_markdown, provenance
-from analysis.runs import DEFAULT_SCHEDULE, lookup
+from analysis.runs import DEFAULT_SCHEDULE, lookup, schedule_arm
 from analysis.scalars import run_scalars
 from analysis.stats import mean_ci
+from analysis.studies import (code, contrast, contrast_table, deviations_flag, provenance_table, study_parser,
+                              write_study_report)
 
 __all__ = ["schedule_arms", "anchor_weights", "against", "ranking", "h_s2b", "main"]
 
@@ -227,8 +228,7 @@ def _seeds(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("paths", nargs="+", help="sweep folders with the training runs")
+    parser = study_parser(__doc__, "paths", "sweep folders with the training runs")
     parser.add_argument("--fidelity-from", nargs="*", default=[], help="sweep folders of recompute runs with the "
                         "prox_error telemetry (train.log_prox_errors)")
     parser.add_argument("--seeds", type=_seeds, default=None, help="compare on these seeds only (default: all)")

@@ -14,7 +14,6 @@ what their anchor's error was and what its forward cost against the recompute ru
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -22,8 +21,9 @@ import pandas as pd
 from analysis.anchor.drift import drift_points, fit_drift
 from analysis.anchor.tracking import s2_verdicts, schedule_markdown, schedule_table, steady
 from analysis.figures.panels import approx_error
-from analysis.load import NoRunsError, load_runs
+from analysis.load import load_runs
 from analysis.provenance import generated_line
+from analysis.studies import study_parser, write_study_report
 
 def stratum_table(df: pd.DataFrame, d: int, kind: str = "logp_abs") -> pd.DataFrame:
     """Rows: schedule; columns: the strata (k0.., H1-H3) of `kind` at staleness d, mean over
@@ -95,17 +95,9 @@ def _extra_sections(df: pd.DataFrame) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("paths", nargs="+")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--figures-dir", type=Path, required=True)
-    args = parser.parse_args(argv)
-    try:
-        df = load_runs(args.paths)
-    except NoRunsError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+def report(args: argparse.Namespace) -> list[str]:
+    """The report's lines (markdown) from the parsed command line."""
+    df = load_runs(args.paths)
     base = df[df["algo"] == "recompute"] if (df["algo"] == "recompute").any() else df  # hybrid runs: own section
     figure = approx_error(base, args.figures_dir)
     points = drift_points(base)
@@ -121,11 +113,11 @@ def main(argv: list[str] | None = None) -> int:
              f"Drift: mean |logp - behave_logp| = {fit.c:.3g} * (d + k/m)^{fit.beta:.3f} "
              f"(`python -m analysis.anchor.drift`, least squares on the logs over {fit.n_points} (step, minibatch) points; "
              "beta = 1 is linear drift, 0.5 diffusive).", "", *s2_verdicts(base), *_extra_sections(df)]
-    lines += [f"![approx_error]({Path(p).relative_to(args.out.parent)})" for p in figure if str(p).endswith(".png")]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out}")
-    return 0
+    return lines + [f"![approx_error]({Path(p).relative_to(args.out.parent)})" for p in figure if str(p).endswith(".png")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    return write_study_report(study_parser(__doc__, "paths"), report, argv, preregistered=False)
 
 
 if __name__ == "__main__":

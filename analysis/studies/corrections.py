@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from analysis.claims.contrasts import code, contrast, contrast_table, provenance_table, deviations_flag, write_study_report
 from analysis.claims.rule import FAILS, HOLDS, Claim
 from analysis.figures.corrections_panel import corrections_panel
 from analysis.frame import disambiguate
@@ -25,6 +24,8 @@ from analysis.hypotheses import titled
 from analysis.load import load_configs, load_runs
 from analysis.provenance import generated_line, REPORT_FIGURES, figures_markdown, provenance
 from analysis.scalars import run_scalars
+from analysis.studies import (code, contrast, contrast_table, deviations_flag, provenance_table, study_parser,
+                              write_study_report)
 
 __all__ = ["METRICS", "DECIDED_IN", "correction_arms", "versus_none", "hypothesis_verdict", "main"]
 
@@ -159,9 +160,7 @@ def report(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("paths", nargs="+", help="sweep folders with the corrections runs")
-    return write_study_report(parser, report, argv)
+    return write_study_report(study_parser(__doc__, "paths", "sweep folders with the corrections runs"), report, argv)
 
 
 if __name__ == "__main__":

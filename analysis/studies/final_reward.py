@@ -5,9 +5,9 @@
 
 One claim, one test: the paper's A-3PO (loglinear `inverse`) against recompute at d = 8, paired
 by seed, on the final policy's held-out reward (`last_evals_reward`, the mean of the last two
-evals): a TOST at +-`MARGIN` (`analysis.family`), alone in its family, so at alpha 0.05. Beside
-it, outside the family and read as descriptive: the two-sided paired difference, the plateau
-check on recompute's last two evals, what more seeds would decide, and the figures
+evals): a TOST at +-`MARGIN` (`analysis.studies.judge_family`), alone in its family, so at alpha
+0.05. Beside it, outside the family and read as descriptive: the two-sided paired difference,
+the plateau check on recompute's last two evals, what more seeds would decide, and the figures
 (`analysis.figures.arms`). The registered stopping rule (`analysis.stopping`): only the ended
 runs of the seeds ended in both arms are read, and the report lists the registered runs it left
 out.
@@ -19,9 +19,8 @@ import argparse
 
 import pandas as pd
 
-from analysis.claims.contrasts import deviations_flag, provenance_table, write_study_report
-from analysis.family import FamilyTest, decided, judge_family, paired_values, what_would_decide
 from analysis.figures.arms import arm_figures
+from analysis.hypotheses import declared
 from analysis.load import load_configs, load_runs
 from analysis.markdown import fmt, markdown_table
 from analysis.outcomes import with_outcomes
@@ -29,14 +28,14 @@ from analysis.provenance import figures_markdown, generated_line, provenance
 from analysis.scalars import plateau_check, run_scalars
 from analysis.stopping import (diverged_line, ended, left_out_line, registered_seeds, reward_of_the_diverged, rows_of,
                                seeds_ended_in_every_arm)
+from analysis.studies import (decided, deviations_flag, judge_family, paired_values, provenance_table, study_parser,
+                              what_would_decide, write_study_report)
 
 STALENESS = 8
-MARGIN = 0.12          # absolute reward, S6's margin (docs/studies/final_reward.md)
 PLATEAU_GAIN = 0.05    # the plateau check's bound on recompute's gain between its last two evals
 ARMS = {"recompute": ("recompute", ""), "inverse": ("loglinear", "inverse")}  # arm -> (algo, schedule)
-REWARD = FamilyTest("R", "held-out reward, mean of the last two evals", "last_evals_reward", "equivalence",
-                    margin=MARGIN)
-DIFFERENCE = FamilyTest("R'", "held-out reward, mean of the last two evals", "last_evals_reward", "two_sided")
+REWARD, DIFFERENCE = declared("final_reward", "R"), declared("final_reward", "R'")  # analysis.hypotheses
+MARGIN = REWARD.margin  # absolute reward, S6's margin (docs/studies/final_reward.md)
 
 
 def study_runs(df: pd.DataFrame, seeds: list[int] | None = None) -> pd.DataFrame:
@@ -143,8 +142,7 @@ def report(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("logs", nargs="+", help="the study's sweep (run directories or a docs/logs archive)")
+    parser = study_parser(__doc__, "logs", "the study's sweep (run directories or a docs/logs archive)")
     return write_study_report(parser, report, argv)
 
 

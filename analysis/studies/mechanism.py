@@ -29,7 +29,6 @@ from matplotlib.figure import Figure
 from analysis.anchor.clip_rates import ARMS, counterfactual_section, with_minibatches
 from analysis.anchor.drift import DriftFit, drift_points, fit_drift
 from analysis.anchor.model import BAND, CLIP, RECOMPUTE, agreement, anchor_distance, prediction, score
-from analysis.claims.contrasts import code, contrast, contrast_table, deviations_flag, provenance_table, write_study_report
 from analysis.claims.paper import CLAIMS
 from analysis.claims.rule import FAILS, HOLDS
 from analysis.frame import disambiguate
@@ -41,6 +40,8 @@ from analysis.provenance import generated_line, REPORT_FIGURES, figures_markdown
 from analysis.runs import lookup
 from analysis.scalars import run_scalars
 from analysis.stats import Interval, mean_ci
+from analysis.studies import (code, contrast, contrast_table, deviations_flag, provenance_table, study_parser,
+                              write_study_report)
 
 __all__ = ["anchor_distance", "prediction", "with_minibatches", "contrast_cells", "clip_slopes",
            "score", "main"]
@@ -265,8 +266,7 @@ def _load(paths: list) -> tuple[pd.DataFrame, dict, pd.DataFrame]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("paths", nargs="+", help="sweep folders whose runs are compared")
+    parser = study_parser(__doc__, "paths", "sweep folders whose runs are compared")
     parser.add_argument("--drift-from", nargs="*", default=[], help="sweep folders whose recompute runs only feed the drift fit")
     parser.add_argument("--across-from", nargs="*", default=[],
                         help="sweep folders whose cells at --across-m are compared across d (with their own beta)")

@@ -22,7 +22,6 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis.anchor.clip_rates import with_minibatches
-from analysis.claims.contrasts import code, contrast_table, deviations_flag, provenance_table, write_study_report
 from analysis.claims.paper import CLAIMS, Claim, on_effect_scale
 from analysis.claims.rule import FAILS, HOLDS, compare
 from analysis.frame import disambiguate
@@ -33,6 +32,7 @@ from analysis.plotting import save
 from analysis.provenance import generated_line, REPORT_FIGURES, figures_markdown
 from analysis.scalars import run_scalars
 from analysis.stats import Interval, mean_ci
+from analysis.studies import code, contrast_table, deviations_flag, provenance_table, study_parser, write_study_report
 
 __all__ = ["JUDGED", "TIMING", "agreement", "effect_shift", "versus_recompute", "per_arm", "main"]
 
@@ -197,8 +197,7 @@ def report(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("paths", nargs="+", help="sweep folders (or log archives) with both precisions' runs")
+    parser = study_parser(__doc__, "paths", "sweep folders (or log archives) with both precisions' runs")
     parser.add_argument("--d", type=int, default=8, help="the staleness compared")
     parser.add_argument("--m", type=int, default=4, help="the minibatches per step compared")
     return write_study_report(parser, report, argv)

@@ -4,12 +4,12 @@
         --figures-dir docs/reports/s6 --deviations docs/studies/s6.md [--stress docs/logs/s6_stress.tar.xz]
 
 Tier A (or C, `--staleness 2`): loglinear `inverse` and `step_start`, each against recompute,
-paired by seed, through `TESTS` (`analysis.family`: raw and Holm-adjusted verdicts over the
-tier's 30 tests), the plateau check on recompute's last two evals, and, with `--stress`, tier
-B's collapse counts (`analysis.collapses`: Fisher's exact test, Holm over its cells); the
-report in markdown: the family's raw and Holm-adjusted verdicts, per-arm means, the plateau
-check, the power at the observed spread, tier B's collapse table and the figures
-(analysis/figures/arms.py).
+paired by seed, through `TESTS` (declared in `analysis.hypotheses`; `analysis.studies.judge_family`:
+raw and Holm-adjusted verdicts over the tier's 30 tests), the plateau check on recompute's last
+two evals, and, with `--stress`, tier B's collapse counts (`analysis.collapses`: Fisher's exact
+test, Holm over its cells); the report in markdown: the family's raw and Holm-adjusted verdicts,
+per-arm means, the plateau check, the power at the observed spread, tier B's collapse table and
+the figures (analysis/figures/arms.py).
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ import numpy as np
 import pandas as pd
 
 from analysis.anchor.clip_rates import recompute_batches_lines
-from analysis.claims.contrasts import deviations_flag, provenance_table, write_study_report
 from analysis.collapses import cell_arm_table, collapse_family, collapse_table, floor_line
-from analysis.family import FamilyTest, family_table, judge_family, paired_values, undecided_table
 from analysis.figures.arms import arm_figures
+from analysis.hypotheses import STUDIES, declared
 from analysis.load import load_configs, load_runs
 from analysis.markdown import fmt, fmt_spread, markdown_table
 from analysis.outcomes import with_outcomes
@@ -33,10 +32,12 @@ from analysis.provenance import compute_lines, figures_markdown, generated_line,
 from analysis.scalars import plateau_check, run_scalars
 from analysis.stopping import (diverged_line, left_out_line, registered_seeds, reward_of_the_diverged, rows_of,
                                seeds_ended_in_every_arm)
+from analysis.studies import (deviations_flag, family_table, judge_family, paired_values, provenance_table, study_parser,
+                              undecided_table, write_study_report)
 
 ARMS = ("inverse", "step_start")  # the loglinear schedules each compared with recompute
 BASELINE = "recompute"
-MARGIN = 0.12                      # R's equivalence band, absolute reward (docs/studies/s6.md)
+MARGIN = declared("s6", "R").margin  # R's equivalence band, absolute reward (docs/studies/s6.md)
 PLATEAU_GAIN = 0.05                # the plateau check's bound on recompute's last eval gain
 COLLAPSE_FRACTION = 0.5            # collapsed: last eval below half the run's best eval
 TIER_CELL = (1e-5, 4)  # tiers A and C: (lr, minibatches), conf/experiment/s6.yaml
@@ -44,25 +45,7 @@ STRESS_CELLS = (TIER_CELL, (3e-5, 4), (3e-5, 8), (1e-5, 8))  # tier B's (lr, min
 STEADY_EXTRAS = {"total_ratio_max": "offpolicy/total_ratio_max", "total_ratio_min": "offpolicy/total_ratio_min",
                  "ess_total": "offpolicy/ess_total", "grad_norm": "actor/grad_norm",
                  "clip_recompute_anchor": "prox_error/recompute/clip_rate"}
-TESTS = (
-    FamilyTest("R", "held-out reward, mean of the last two evals", "last_evals_reward", "equivalence", margin=MARGIN),
-    FamilyTest("R'", "held-out reward, mean of the last two evals", "last_evals_reward", "two_sided"),
-    FamilyTest("a", "prox-logp time, steady (log recompute / loglinear)", "prox_time_s", "direction", +1, "log_ratio"),
-    FamilyTest("b'", "training CPU time (log recompute / loglinear)", "cpu_time_s", "direction", +1, "log_ratio"),
-    FamilyTest("d", "entropy, steady", "entropy", "direction", +1),
-    FamilyTest("e", "IW max (pi_theta / pi_prox), steady", "iw_max", "direction", -1),
-    FamilyTest("f", "IW min (pi_theta / pi_prox), steady", "iw_min", "direction", +1),
-    FamilyTest("g", "clip ratio, steady", "clip_ratio", "direction", -1),
-    FamilyTest("T1", "total ratio pi_theta / pi_behave max, steady", "total_ratio_max", "two_sided"),
-    FamilyTest("T2", "total ratio pi_theta / pi_behave min, steady", "total_ratio_min", "two_sided"),
-    FamilyTest("T3", "ESS of the total ratio, steady", "ess_total", "two_sided"),
-    FamilyTest("T4", "KL(pi_behave || pi_theta) (k3), steady", "kl_k3", "two_sided"),
-    FamilyTest("T5", "gradient norm, steady", "grad_norm", "two_sided"),
-    FamilyTest("C1", "anchor effect: own anchor's clip rate - recompute's anchor's, same batches", "anchor_effect",
-               "one_sample"),
-    FamilyTest("C2", "trajectory effect: recompute's anchor's clip rate on loglinear's batches - recompute's",
-               "clip_recompute_anchor", "two_sided"),
-)
+TESTS = STUDIES["s6"]  # the tier's family, per loglinear arm against recompute (analysis.hypotheses)
 KEEPS_FLAGGED = {"R", "R'"}  # the reward keeps collapsed runs (their low reward is the outcome)
 
 
@@ -247,8 +230,7 @@ def report(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("logs", nargs="+", help="the tier's sweep (run directories or a docs/logs archive)")
+    parser = study_parser(__doc__, "logs", "the tier's sweep (run directories or a docs/logs archive)")
     parser.add_argument("--staleness", type=int, default=8)
     parser.add_argument("--stress", nargs="*", default=None, help="tier B's sweep, with tier A's for its base cell")
     return write_study_report(parser, report, argv)

@@ -18,18 +18,17 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from analysis.claims.contrasts import deviations_flag, provenance_table, write_study_report
 from analysis.curves import (FLAT, early_reward, evals_by_step, last_evals, length_rule, mean_slopes, paired_sd,
                              plateau)
-from analysis.family import FamilyTest, family_table, judge_family, paired_values, undecided_table
 from analysis.figures.arms import arm_figures
+from analysis.hypotheses import STUDIES, Hypothesis, declared
 from analysis.load import load_configs, load_runs
 from analysis.markdown import fmt, markdown_table
 from analysis.outcomes import with_outcomes
@@ -39,6 +38,8 @@ from analysis.scalars import run_scalars
 from analysis.stats import mean_ci
 from analysis.stopping import (EXPERIMENTS, left_out_line, registered_seeds, reward_of_the_diverged, rows_of,
                                seeds_ended_in_every_arm)
+from analysis.studies import (deviations_flag, family_table, judge_family, paired_values, provenance_table, undecided_table,
+                              write_study_report)
 
 STALENESS = 2
 ARMS = {"recompute": ("recompute", ""), "inverse": ("loglinear", "inverse"),
@@ -53,7 +54,8 @@ MAX_SEEDS = 40
 FIRST_SEED = 310
 PILOT_RUNS = 9
 TIME_KEYS = ("time/step_cpu", "time/eval", "time/checkpoint")
-RELATIVE_MARGIN = 0.02               # (b): the paper's "within 2%" of recompute's mean
+TESTS = STUDIES["s8"]                # (a), (b), (c): declared in analysis.hypotheses
+RELATIVE_MARGIN = declared("s8", "b").margin  # (b): the paper's "within 2%" of recompute's mean
 
 
 def arm_of(algo: str, schedule: str) -> str:
@@ -124,16 +126,14 @@ def plan(df: pd.DataFrame) -> Plan:
                 tuple(range(FIRST_SEED, FIRST_SEED + n)))
 
 
-def tests_of(runs: pd.DataFrame, arm: str) -> list[tuple[str, FamilyTest, list[float]]]:
+def tests_of(runs: pd.DataFrame, arm: str) -> list[tuple[str, Hypothesis, list[float]]]:
     """(a), (b) and (c) for `arm` - recompute, primed for the arm's second place in the family."""
     prime = "'" if arm == SECOND_ARM else ""
     by_seed = lambda a, column: {int(r["seed"]): float(r[column]) for _, r in runs[runs["arm"] == a].iterrows()}  # noqa: E731
     base_mean = float(np.nanmean(runs[runs["arm"] == "recompute"]["last"])) if (runs["arm"] == "recompute").any() else 0.0
     margin = RELATIVE_MARGIN * base_mean if base_mean > 0 else RELATIVE_MARGIN
-    family = [FamilyTest("a" + prime, "last_evals_reward", "last", "two_sided"),
-              FamilyTest("b" + prime, f"last_evals_reward, ±2% of recompute's ({margin:.4f})", "last", "equivalence",
-                         margin=margin),
-              FamilyTest("c" + prime, "early_reward (evals after steps 10-50)", "early", "two_sided")]
+    family = [replace(t, label=t.label + prime, text=f"{t.text} ({margin:.4f})", margin=margin)
+              if t.kind == "equivalence" else replace(t, label=t.label + prime) for t in TESTS]
     comparison = f"{arm} - recompute"
     return [(comparison, t, paired_values(t, by_seed(arm, t.column), by_seed("recompute", t.column))) for t in family]
 

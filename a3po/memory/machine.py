@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from a3po.run.memory_model import GIB
+from a3po.memory.parts import GIB
 
 __all__ = ["UNLIMITED", "parse_meminfo", "cgroup_room", "host_available", "available_memory", "process_memory", "host_resident"]
 

@@ -1,4 +1,4 @@
-"""The training side of the memory estimate (a3po.run.memory): the largest micro-batch's
+"""The training side of the memory estimate (a3po.memory.estimate): the largest micro-batch's
 forward and backward, with or without activation checkpointing, autocast's weight casts, and
 FSDP2's gathered weights under torchrun. Pure: numbers in, parts out."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 
-from a3po.run.memory_model import (ACTIVATION_BYTES, ACTIVATION_OUTSIDE_LAYERS, LOGITS_BYTES, LOGITS_CHUNK_BYTES,
-                                   Architecture, Part)
+from a3po.memory.parts import (ACTIVATION_BYTES, ACTIVATION_OUTSIDE_LAYERS, LOGITS_BYTES, LOGITS_CHUNK_BYTES,
+                               Architecture, Part)
 
 __all__ = ["TRAIN_KEYS", "TrainShape", "layer_tensor", "micro_batch_shape", "train_parts"]
 

@@ -1,4 +1,4 @@
-"""The building blocks of the memory estimate (a3po.run.memory): the model's architecture as
+"""The building blocks of the memory estimate (a3po.memory.estimate): the model's architecture as
 numbers, the named parts an estimate is made of, how the phases' parts combine into a peak, and
 the constants measured for them (docs/design.md, "Memory check": how, and on what). Pure."""
 
