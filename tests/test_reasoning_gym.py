@@ -215,8 +215,29 @@ def test_the_calibration_command_takes_a_reasoning_gym_dataset(monkeypatch, caps
                     "--dataset-config", "max_terms=2", "--size", "50", "--prompts", "2", "--samples", "2",
                     "--max-new-tokens", "4"])
     line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert line.startswith("task=reasoning_gym dataset=chain_sum config={'min_terms': 2, 'max_terms': 2} n=4 ")
+    assert line.startswith("task=reasoning_gym dataset=chain_sum config={'min_terms': 2, 'max_terms': 2} split=train n=4 ")
     assert "mean_reward=" in line and "malformed=" in line
+
+
+def test_the_calibration_scores_the_held_out_problems_a_run_evaluates_when_asked():
+    """`--split held_out` samples `eval_problems(n)` (what `train.eval_size` evaluates), not the
+    step-0 training batch: for a small problem space the two splits differ (docs/testbed.md)."""
+    from a3po.models import load_policy
+    from a3po.rollout.calibrate import measure_mean_reward
+    from a3po.tasks import build_task
+
+    task = build_task({"name": "reasoning_gym", "dataset": "chain_sum", "config": {"min_terms": 2, "max_terms": 2},
+                       "size": 50}, seed=0)
+    model, tokenizer = load_policy(yaml.safe_load((CONF_DIR / "model" / "tiny.yaml").read_text()), seed=0)
+    seen = {}
+    for split in ("train", "held_out"):
+        result = measure_mean_reward(model, tokenizer, task, n_prompts=3, n_samples=1, max_new_tokens=2, split=split)
+        seen[split] = [question for question, *_ in result["examples"]]
+        assert result["n"] == 3
+    assert seen["held_out"] == [p.question for p in task.eval_problems(3)]
+    assert seen["train"] == [p.question for p in task.train_batch(0, 3)]
+    with pytest.raises(ValueError, match=r"split='test' is not allowed"):
+        measure_mean_reward(model, tokenizer, task, n_prompts=1, n_samples=1, split="test")
 
 
 @pytest.mark.parametrize("argv, flag", [(["--dataset", "nope"], "--dataset"),

@@ -9,6 +9,10 @@ with its standard error, e.g.
     python -m a3po.rollout.calibrate --level 1 --prompts 32 --samples 4
     python -m a3po.rollout.calibrate --task reasoning_gym --dataset leg_counting \
         --dataset-config min_animals=2 --dataset-config max_animals=3 --prompts 32 --samples 4
+
+`--split train` (the default) scores the run's step-0 training batch; `--split held_out` the
+first `--prompts` held-out problems, the ones `train.eval_size` evaluates, which is what a study's
+"starts at 0.15-0.45 held out" reads (for a small problem space the two differ: docs/testbed.md).
 """
 
 from __future__ import annotations
@@ -45,11 +49,16 @@ def measure_mean_reward(
     seed: int = 0,
     instruction: str = ANSWER_INSTRUCTION,
     precision: str = "fp32",
+    split: str = "train",
 ) -> dict:
-    """Mean reward of `n_samples` samples for each of the `n_prompts` problems of a run's step-0
-    training batch (the task's `train_batch(0, n_prompts)`). `batch_size`: sequences per `generate` call, None = all at once (the trainer's
-    default, `rollout.batch_size` unset)."""
-    problems = task.train_batch(0, n_prompts)
+    """Mean reward of `n_samples` samples for each of `n_prompts` problems: a run's step-0 training
+    batch (`split="train"`: the task's `train_batch(0, n_prompts)`) or the first held-out ones
+    (`split="held_out"`: `eval_problems(n_prompts)`, all of them where the split holds fewer).
+    `batch_size`: sequences per `generate` call, None = all at once (the trainer's default,
+    `rollout.batch_size` unset)."""
+    if split not in SPLITS:
+        raise ValueError(f"split={split!r} is not allowed; allowed: {list(SPLITS)}")
+    problems = task.train_batch(0, n_prompts) if split == "train" else task.eval_problems(n_prompts)
     engine = HFEngine(model, tokenizer, temperature=temperature, top_p=top_p,
                       max_new_tokens=max_new_tokens, batch_size=batch_size, precision=precision)
     groups = engine.generate([encode_prompt(tokenizer, p.question, instruction) for p in problems],
@@ -75,6 +84,7 @@ def measure_mean_reward(
     }
 
 
+SPLITS = ("train", "held_out")  # --split: the step-0 training batch, or the held-out problems a run evaluates
 # The flags that are the trainer's rollout settings, each held to `rollout.<key>`'s rule
 # (a3po.schema), so calibration samples nothing a run would refuse.
 ROLLOUT_FLAGS = {"temperature": "--temperature", "top_p": "--top-p", "max_new_tokens": "--max-new-tokens"}
@@ -165,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--split", default="train", choices=SPLITS,
+                        help="train: the step-0 training batch; held_out: the first --prompts held-out problems")
     parser.add_argument("--instruction", default=ANSWER_INSTRUCTION, help="to try other prompts")
     parser.add_argument("--threads", type=int, default=1)
     return parser
@@ -196,11 +208,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         seed=args.seed,
         instruction=args.instruction,
         precision=args.precision,
+        split=args.split,
     )
     for question, answer, completion, score in result["examples"]:
         print(f"{question!r} (gold {answer}) -> {completion!r} score={score}")
     print(
-        f"{task_label(task_cfg)} n={result['n']} "
+        f"{task_label(task_cfg)} split={args.split} n={result['n']} "
         f"mean_reward={result['mean_reward']:.3f} +- {result['standard_error']:.3f} "
         f"malformed={result['malformed_rate']:.3f} truncated={result['truncated_rate']:.3f} "
         f"({time.perf_counter() - started:.0f}s)"
