@@ -57,6 +57,7 @@ RESULT_NEUTRAL_KEYS = (
     "train.collapse_steps",
     "runtime.shutdown_timeout_s",
     "train.collective_timeout_min",  # how long ranks wait for each other; no number changes
+    "rollout.logprob_check",  # whether a run whose engine disagrees with its trainer starts
 )
 EXTENSIBLE_KEY = "train.total_steps"
 DERIVED_KEYS = ("identity",)  # built from the other keys (a3po.identity): compared through them, never itself
@@ -66,8 +67,9 @@ DERIVED_KEYS = ("identity",)  # built from the other keys (a3po.identity): compa
 # train.fsdp_mixed_precision: every run before the key gathered float32 weights under autocast.
 # train.eval_samples: every run before the key sampled each held-out problem once.
 # train.compile: every run before the key ran its trainer's forwards through eager layers.
+# rollout.model_runner: every vLLM run before the key ran the runner vLLM chose (null).
 LEGACY_VALUES = {"precision": "fp32", "model.attn_implementation": "eager", "train.fsdp_mixed_precision": False,
-                 "train.eval_samples": 1, "train.compile": False}
+                 "train.eval_samples": 1, "train.compile": False, "rollout.model_runner": None}
 # Keys an older config.yaml holds that have moved, with their new home. The old key's value
 # was interpolated into the new home (conf/objective/ppo.yaml, conf/correction/none.yaml), or
 # unused beside another objective or correction, so the new home alone is compared.

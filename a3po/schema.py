@@ -72,6 +72,8 @@ class Group:
 
 
 POSITIVE = "it must be > 0"
+# `rollout.model_runner` (vLLM) -> VLLM_USE_V2_MODEL_RUNNER, which vLLM 0.32 reads as it starts
+MODEL_RUNNERS = {"v1": "0", "v2": "1"}
 FLAG = "it must be true or false"
 
 
@@ -138,6 +140,9 @@ class RolloutGroup(Group):
     max_new_tokens: int = _int_at_least(1, 32)
     device: str | None = rule(None, "allowed: null (the trainer's device), ['auto', 'cpu', 'cuda'] or cuda:<index>",
                               _device)
+    logprob_check: float | None = rule(  # a3po.run.engine_check; changes no result
+        None, "it must be a number >= 0 (the largest |engine - trainer| log-prob gap a run starts with; 0 skips "
+        "the check), or null for the precision's (fp32 1e-3, bf16 0.1)", lambda v: 0 <= v < math.inf)
 
 
 @dataclass(frozen=True)
@@ -164,6 +169,9 @@ class VLLMRolloutConfig(RolloutGroup):
     enable_prefix_caching: bool = rule(True, FLAG)
     seed_per_request: bool = rule(True, FLAG)
     seed: int = _int_at_least(0, 0)
+    model_runner: str | None = rule("v1", "allowed: v1 (the runner vLLM's CPU worker is built on, which the CPU "
+                                    "tests run), v2 (vLLM's default on a GPU with Triton), or null (vLLM's choice)",
+                                    lambda v: v in MODEL_RUNNERS)
 
 
 @dataclass(frozen=True)

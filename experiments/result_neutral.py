@@ -1,6 +1,6 @@
 """Is a change result-neutral? Tiny-model runs of every method, an objective, a correction, the async
 and the fidelity telemetry, from a checkout, then the two sets of metrics compared bit for
-bit (every key but the timings and the machine's, and the config.yaml a resume compares):
+bit (every key but the timings and the machine's), and their config.yaml as a resume compares it:
 
     python experiments/result_neutral.py run  --repo PATH_A --out /tmp/neutral/a
     python experiments/result_neutral.py run  --repo PATH_B --out /tmp/neutral/b
@@ -71,9 +71,14 @@ def same(a, b) -> bool:
     return a == b
 
 
-def _config(run_dir: Path) -> list[str]:
-    """config.yaml's lines but `output_root` (each set of runs has its own)."""
-    return [line for line in (run_dir / "config.yaml").read_text().splitlines() if not line.startswith("output_root:")]
+def _differences(a: Path, b: Path) -> list:
+    """What a resume of run `a` under run `b`'s config.yaml would refuse (a3po.run.rundir): a
+    result-neutral key added since (`rollout.logprob_check`) or `output_root` is no difference."""
+    import yaml
+
+    from a3po.run.rundir import config_differences
+
+    return config_differences(*(yaml.safe_load((d / "config.yaml").read_text()) for d in (a, b)))
 
 
 def compare(a: Path, b: Path) -> int:
@@ -90,11 +95,12 @@ def compare(a: Path, b: Path) -> int:
                     print(f"{name}: step {x.get('step')} {key}: {x.get(key)!r} against {y.get(key)!r}")
                     return 1
                 compared += 1
-        if _config(a / name) != _config(b / name):
-            print(f"{name}: config.yaml differs (what a resume compares)")
+        differences = _differences(a / name, b / name)
+        if differences:
+            print(f"{name}: config.yaml differs where a resume compares it: {differences}")
             return 1
-        print(f"{name}: {len(left)} steps, {compared} values equal, config.yaml equal")
-    print("result-neutral: every run's every metric and config.yaml equal bit for bit")
+        print(f"{name}: {len(left)} steps, {compared} values equal, config.yaml the same run's")
+    print("result-neutral: every run's every metric equal bit for bit, every config.yaml the same run's")
     return 0
 
 

@@ -14,11 +14,19 @@ from typing import Any
 import torch
 
 from a3po.errors import ConfigError
+from a3po.schema import MODEL_RUNNERS
 from a3po.seeds import rng_state, set_rng_state
 
 __all__ = ["start_llm", "vllm_dtype", "destroy_vllm_process_groups"]
 
 log = logging.getLogger(__name__)
+
+
+def pin_model_runner(model_runner: str | None, environ=os.environ) -> None:
+    """`rollout.model_runner` as vLLM reads it when the engine starts (VLLM_USE_V2_MODEL_RUNNER):
+    v1 -> 0, v2 -> 1; null leaves the environment's own setting (vLLM's default where unset)."""
+    if model_runner is not None:
+        environ["VLLM_USE_V2_MODEL_RUNNER"] = MODEL_RUNNERS[model_runner]
 
 
 def start_llm(rollout_cfg, policy: torch.nn.Module, tokenizer, device, precision: str = "fp32"
@@ -33,6 +41,7 @@ def start_llm(rollout_cfg, policy: torch.nn.Module, tokenizer, device, precision
         ) from None
     on_cpu = torch.device(device).type == "cpu"
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    pin_model_runner(rollout_cfg.model_runner)
     dtype = _dtype(rollout_cfg, policy, precision)
     model_dir = tempfile.mkdtemp(prefix="a3po-vllm-")
     try:

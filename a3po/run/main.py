@@ -1,11 +1,11 @@
 """`run(cfg)`: one training run, from a composed config to metrics.jsonl and last.pt.
 
-Validate the config (before anything heavy loads) -> check that the run fits the machine's
-memory (a3po.memory.estimate) -> claim the run directory and read where
-it stands (a3po.run.resume) -> build the parts (a3po.run.parts) -> restore the checkpoint ->
-warm up -> the loop (a3po.run.loop). Re-running the same command resumes from
-`checkpoints/last.pt`; a finished run returns at once, and a diverged one (a3po.run.health)
-raises `RunDiverged` again at once.
+Parse the config once (a3po.config.parse_config, before anything heavy loads) -> check that the
+run fits the machine's memory (a3po.run.memory_check) -> claim the run directory and read where it
+stands (a3po.run.resume) -> build the parts (a3po.run.parts) -> restore the checkpoint -> warm up
+-> check the engine against the trainer (a3po.run.engine_check) -> the loop (a3po.run.loop).
+Re-running the same command resumes from `checkpoints/last.pt`; a finished run returns at once, and
+a diverged one (a3po.run.health) raises `RunDiverged` again at once.
 
 Under torchrun (a3po.distributed, docs/distributed.md) every rank runs this: rank 0 alone
 generates (and broadcasts each batch), evaluates, logs and writes the run directory; every
@@ -26,6 +26,7 @@ from a3po.config import parse_config, validate_resolved, validate_world
 from a3po.device import pin_bf16_gemms, resolve_device, resolve_precision
 from a3po.distributed import DistInfo, close_distributed, init_distributed, launched_world, rank_device
 from a3po.run.fetch import check_offline_cache
+from a3po.run.engine_check import check_engine_logprobs
 from a3po.run.health import RunDiverged
 from a3po.run.loop import train_loop
 from a3po.run.memory_check import check_memory, host_ceiling
@@ -102,6 +103,7 @@ def _run(cfg: RunConfig, run_dir: Path, device: torch.device, dist: DistInfo, ce
         log.info("resuming %s from step %d", run_dir, start_step)
     parts.sync(start_step)
     warmup_seconds = warm_up(parts) if cfg.train.warmup else None
+    check_engine_logprobs(parts)  # the engine samples with the policy the trainer trains (rollout.logprob_check)
     logger = MetricsLogger(run_dir, cfg, start_step, pending=pending) if dist.is_main else None
     try:
         return train_loop(parts, logger, start_step, verdict["wall_time"] + (warmup_seconds or 0.0), warmup_seconds)
