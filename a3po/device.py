@@ -176,3 +176,20 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
     if dtype != torch.bfloat16 or not bf16_gemm_in_float32(device):
         return torch.autocast(device.type, dtype=dtype)
     return autocast_with_gemms_in_float32(device.type)
+
+
+def vllm_placement(rollout_device, trainer_device, world: int) -> tuple[str, str]:
+    """Where vLLM runs, ("process" | "child", why). In this process vLLM's GPU worker takes
+    `cuda:0` whatever it is asked (vLLM 0.32: the uniprocess executor and the GPU worker pin
+    device 0) and makes it the process's current device; so it runs here only where that is the
+    rollout device and no trainer on another GPU of this process is disturbed. Anywhere else it
+    runs in a child whose `CUDA_VISIBLE_DEVICES` holds the rollout GPU alone
+    (a3po.rollout.vllm_child.child_environment); under torchrun always in a child (vllm_child says why)."""
+    rollout, trainer = torch.device(rollout_device), torch.device(trainer_device)
+    if world > 1:
+        return "child", f"the trainer is one of {world} torchrun processes"
+    if rollout.type == "cuda" and (rollout.index or 0) != 0:
+        return "child", f"vLLM in this process would take cuda:0, not {rollout}"
+    if rollout.type == "cuda" and trainer.type == "cuda" and (trainer.index or 0) != 0:
+        return "child", f"vLLM in this process would make cuda:0 the current device of the trainer on {trainer}"
+    return "process", f"vLLM runs on {rollout} in this process"

@@ -415,3 +415,28 @@ def test_estimate_within_30_percent_of_measured_peak_rss(tmp_path, model):
     estimated = estimate_memory(cfg, arch, rollout_parts=engine_spec(cfg.rollout.name).memory_parts,
                                 prompt_tokens=prompt).peak()
     assert 0.7 < estimated / peak_rss < 1.3, f"estimated {estimated / 2**20:.0f} MiB, measured {peak_rss / 2**20:.0f} MiB"
+
+
+# --- /dev/shm: a vLLM child maps the host copy's storage from shared memory ---------------------
+
+def test_a_vllm_child_needs_its_weights_in_shared_memory_and_a_process_engine_does_not(tiny_cfg):
+    from a3po.memory.parts import SHARED_MEMORY
+
+    arch, _ = architecture_of(tiny_cfg().model)
+    child = estimate(tiny_cfg, "rollout=vllm", "train.token_budget=1024", world=2)  # under torchrun: a child
+    assert parts_of(child)["vLLM child's weights in shared memory"] == arch.n_params * 4
+    assert SHARED_MEMORY in child.devices() and child.peak(SHARED_MEMORY) == arch.n_params * 4
+    in_process = estimate(tiny_cfg, "rollout=vllm", "train.token_budget=1024")  # the CPU, one process
+    assert SHARED_MEMORY not in in_process.devices() and "rollout policy copy (host)" not in parts_of(in_process)
+
+
+def test_the_start_refuses_a_child_whose_weights_do_not_fit_shared_memory(tiny_cfg, monkeypatch):
+    from a3po.memory.machine import shared_memory_free
+
+    room, where = shared_memory_free()
+    assert room > 0 and where == "/dev/shm free (statvfs)"
+    assert shared_memory_free("/nonexistent/shm")[0] == 0
+    small = {"/dev/shm": (1000, "/dev/shm free (statvfs)")}
+    monkeypatch.setattr(check, "available_memory", lambda device: small.get(device, (64 << 30, "test")))
+    with pytest.raises(ConfigError, match=r"this run needs an estimated [0-9.]+ [MG]iB at its peak on /dev/shm"):
+        check.check_memory(parse_config(tiny_cfg("rollout=vllm", "train.token_budget=1024")), "cpu", world=2)

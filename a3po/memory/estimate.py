@@ -75,7 +75,8 @@ def estimate_memory(cfg: RunConfig, arch: Architecture, *, rollout_parts: Callab
     parts += rollout_parts(RolloutMemory(
         cfg, arch, weight_bytes, separate=world > 1 or rollout_device != trainer_device, device=rollout_device,
         trainer_device=trainer_device, device_total=device_total, prompt_tokens=prompt_tokens, compute=compute,
-        cast_bf16=cast_bf16, concurrent=concurrent, eager=eager_attention, gemms_in_float32=rollout_gemms_in_float32))
+        cast_bf16=cast_bf16, concurrent=concurrent, eager=eager_attention, gemms_in_float32=rollout_gemms_in_float32,
+        world=world))
     parts.append(_held_batches(cfg, prompt_tokens, concurrent))
     sequence = prompt_tokens + cfg.rollout.max_new_tokens
     train = cfg.train

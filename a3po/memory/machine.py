@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from a3po.memory.parts import GIB
+from a3po.memory.parts import GIB, SHARED_MEMORY
 
 __all__ = ["UNLIMITED", "parse_meminfo", "cgroup_room", "host_available", "available_memory", "process_memory", "host_resident"]
 
@@ -84,7 +84,20 @@ def available_memory(device: str) -> tuple[int, str]:
 
         free, _ = torch.cuda.mem_get_info(torch.device(device))
         return free, f"torch.cuda.mem_get_info({device!r}) free"
+    if device == SHARED_MEMORY:
+        return shared_memory_free()
     return host_available()
+
+
+def shared_memory_free(path: str = SHARED_MEMORY) -> tuple[int, str]:
+    """The free space of the tmpfs that torch.multiprocessing's shared tensors live in."""
+    import os
+
+    try:
+        stat = os.statvfs(path)
+    except OSError as err:
+        return 0, f"{path} unreadable ({err.strerror})"
+    return stat.f_bavail * stat.f_frsize, f"{path} free (statvfs)"
 
 
 def process_memory(device: str = "cpu", status_text: str | None = None) -> dict[str, float]:

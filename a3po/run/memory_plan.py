@@ -24,7 +24,7 @@ from a3po.memory.estimate import estimate_memory
 from a3po.rollout.engines import engine_spec
 from a3po.run_config import RunConfig
 from a3po.run.memory_check import architecture_of, estimate_run, longest_prompt_tokens, verdict
-from a3po.memory.parts import GIB, Architecture, Estimate
+from a3po.memory.parts import GIB, SHARED_MEMORY, Architecture, Estimate
 
 __all__ = ["planned_estimate", "plan", "main"]
 
@@ -57,9 +57,11 @@ def plan(cfg: RunConfig, arch: Architecture, *, gpu_bytes: int, world: int = 1,
     (and `host_bytes` of host memory, where given)."""
     estimate = planned_estimate(cfg, arch, gpu_bytes=gpu_bytes, world=world)
     available = {device: (gpu_bytes, f"{gpu_bytes / GIB:.1f} GiB planned") for device in estimate.devices()
-                 if device != "cpu"}
+                 if device.startswith("cuda")}
     if host_bytes is not None:
         available["cpu"] = (host_bytes, f"{host_bytes / GIB:.1f} GiB of host memory planned")
+        # /dev/shm: a tmpfs's default size, half the memory (a container's is smaller: --shm-size)
+        available[SHARED_MEMORY] = (host_bytes // 2, f"{SHARED_MEMORY} at half the planned host memory, tmpfs's default")
     level, message = verdict(estimate, available)
     return estimate, level, message
 
