@@ -13,7 +13,7 @@ from a3po.config import parse_config
 
 
 def _trainer_and_batch(tiny_cfg, precision, *overrides):
-    from a3po.learner.trainer import Trainer
+    from a3po.learner.build import trainer_from
     from a3po.models import load_policy
     from a3po.rollout import build_engine
     from a3po.rollout.producer import RolloutProducer
@@ -28,7 +28,7 @@ def _trainer_and_batch(tiny_cfg, precision, *overrides):
     batch, _ = RolloutProducer(parse_config(cfg), build_task(cfg.task, 0), tokenizer, engine, PhaseTimer())(0)
     for sample in batch.samples:  # mixed rewards: every group has a gradient
         sample.reward = float(sample.response_ids.numel() % 2)
-    trainer = Trainer(policy, parse_config(cfg), pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer())
+    trainer = trainer_from(parse_config(cfg), policy, pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer())
     return trainer, batch, engine
 
 
@@ -97,12 +97,12 @@ def test_compile_under_several_ranks_fails_before_the_run_starts(tiny_cfg):
 
 def test_the_trainer_refuses_compile_under_several_ranks_too(tiny_cfg):
     from a3po.distributed import DistInfo
-    from a3po.learner.trainer import Trainer
+    from a3po.learner.build import trainer_from
     from a3po.models import load_policy
     from a3po.timer import PhaseTimer
 
     cfg = tiny_cfg("train.compile=true")
     policy, tokenizer = load_policy(cfg.model, seed=0)
     with pytest.raises(ConfigError, match="train.compile=true runs in a single process"):
-        Trainer(policy, parse_config(cfg), pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer(),
+        trainer_from(parse_config(cfg), policy, pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer(),
                 dist=DistInfo(rank=0, world=2, local_rank=0, is_main=True))

@@ -202,7 +202,7 @@ def test_rows_stop_at_their_stop_token_and_keep_it(tiny, attention):
 
 def _engine_and_trainer_logp(tiny_cfg, precision, *overrides):
     """A batch from the engine (and the same seed's batch again), and the trainer's log-probs of it."""
-    from a3po.learner.trainer import Trainer
+    from a3po.learner.build import trainer_from
     from a3po.models import load_policy
     from a3po.rollout import build_engine
     from a3po.timer import PhaseTimer
@@ -213,7 +213,7 @@ def _engine_and_trainer_logp(tiny_cfg, precision, *overrides):
     prompts = [tokenizer.encode("What is 12 + 7? Answer:"), tokenizer.encode("Compute 3 * 9 please, now")]
     samples = [s for group in engine.generate(prompts, 3, seed=4) for s in group]
     again = [s for group in engine.generate(prompts, 3, seed=4) for s in group]
-    trainer = Trainer(policy, parse_config(cfg), pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer())
+    trainer = trainer_from(parse_config(cfg), policy, pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer())
     with torch.no_grad():
         logp, _ = trainer.response_logp(samples, with_entropy=False)
     return samples, again, torch.cat([s.behave_logp for s in samples]), logp

@@ -269,7 +269,7 @@ def test_hf_engine_samples_as_the_trainer_computes_on_gpu():
     from a3po.tasks import build_task
     from a3po.timer import PhaseTimer
     from a3po.rollout.producer import RolloutProducer
-    from a3po.learner.trainer import Trainer
+    from a3po.learner.build import trainer_from
 
     device = torch.device("cuda")
     cfg = compose_config([*TINY_OVERRIDES, "device=cuda", "rollout.max_new_tokens=12"])
@@ -277,7 +277,7 @@ def test_hf_engine_samples_as_the_trainer_computes_on_gpu():
     engine = build_engine(cfg.rollout, policy, tokenizer, device)
     timer = PhaseTimer(device)
     batch, _ = RolloutProducer(parse_config(cfg), build_task(cfg.task, 0), tokenizer, engine, timer)(0)
-    trainer = Trainer(policy, parse_config(cfg), pad_id=tokenizer.pad_token_id, device=device, timer=timer)
+    trainer = trainer_from(parse_config(cfg), policy, pad_id=tokenizer.pad_token_id, device=device, timer=timer)
     with torch.no_grad():
         logp, _ = trainer.response_logp(batch.samples)
     behave = torch.cat([s.behave_logp for s in batch.samples]).to(device)

@@ -99,12 +99,12 @@ def _train_once(policy: torch.nn.Module, step: int) -> dict[str, torch.Tensor]:
 
 
 def _trainer(cfg):
-    from a3po.learner.trainer import Trainer
+    from a3po.learner.build import trainer_from
     from a3po.models import load_policy
     from a3po.timer import PhaseTimer
 
     policy, tokenizer = load_policy(cfg.model, seed=0)
-    return Trainer(policy, parse_config(cfg), pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer())
+    return trainer_from(parse_config(cfg), policy, pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer())
 
 
 def _assert_sampled_by_stamped_version(trainer, samples, weights: dict[int, dict[str, torch.Tensor]]) -> None:

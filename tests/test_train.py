@@ -71,7 +71,7 @@ def test_behave_logp_equals_trainer_forward_and_loglinear_at_staleness_zero(tiny
     from a3po.tasks import build_task
     from a3po.timer import PhaseTimer
     from a3po.rollout.producer import RolloutProducer
-    from a3po.learner.trainer import Trainer
+    from a3po.learner.build import trainer_from
 
     cfg = tiny_cfg("rollout.max_new_tokens=12", "train.n_prompts=3", "train.n_samples=3")
     policy, tokenizer = load_policy(cfg.model, seed=0)
@@ -79,7 +79,7 @@ def test_behave_logp_equals_trainer_forward_and_loglinear_at_staleness_zero(tiny
     timer = PhaseTimer()
     producer = RolloutProducer(parse_config(cfg), build_task(cfg.task, 0), tokenizer, engine, timer)
     batch, _ = producer(0)
-    trainer = Trainer(policy, parse_config(cfg), pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=timer)
+    trainer = trainer_from(parse_config(cfg), policy, pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=timer)
     with torch.no_grad():
         recomputed, _ = trainer.response_logp(batch.samples)
     behave = torch.cat([s.behave_logp for s in batch.samples])

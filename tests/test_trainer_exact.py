@@ -13,7 +13,7 @@ from a3po.config import parse_config
 
 
 def _batch_and_trainer(tiny_cfg, *overrides):
-    from a3po.learner.trainer import Trainer
+    from a3po.learner.build import trainer_from
     from a3po.models import load_policy
     from a3po.rollout import build_engine
     from a3po.rollout.producer import RolloutProducer
@@ -28,7 +28,7 @@ def _batch_and_trainer(tiny_cfg, *overrides):
     batch, _ = producer(0)
     for sample in batch.samples:  # mixed rewards: every group has a gradient
         sample.reward = float(sample.response_ids.numel() % 2)
-    trainer = Trainer(policy, parse_config(cfg), pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer())
+    trainer = trainer_from(parse_config(cfg), policy, pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer())
     return trainer, batch
 
 

@@ -55,12 +55,12 @@ def setup():
     from a3po.models import load_policy
     from a3po.rollout import build_engine
     from a3po.timer import PhaseTimer
-    from a3po.learner.trainer import Trainer
+    from a3po.learner.build import trainer_from
 
     cfg = _config()
     policy, tokenizer = load_policy(cfg.model, seed=0)
     engine = build_engine(cfg.rollout, policy, tokenizer, torch.device("cpu"))
-    trainer = Trainer(policy, parse_config(cfg), pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer())
+    trainer = trainer_from(parse_config(cfg), policy, pad_id=tokenizer.pad_token_id, device=torch.device("cpu"), timer=PhaseTimer())
     prompts = [tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": f"What is {i} + {2 * i}?"}],
                                                        add_generation_prompt=True, tokenize=False),
                          add_special_tokens=False).input_ids for i in range(3)]

@@ -18,6 +18,7 @@ from a3po.batch import RolloutBatch, Sample
 from a3po.device import resolve_device, resolve_precision
 from a3po.errors import composition_error
 from a3po.learner.trainer import Trainer
+from a3po.learner.build import trainer_from
 from a3po.maths.proximal import approximations
 from a3po.maths.schedules import SCHEDULES
 from a3po.run_config import Choice, RunConfig
@@ -120,7 +121,7 @@ def make_trainer(cfg: RunConfig, policy: torch.nn.Module, tokenizer: Any, algo: 
     thing typed here: an axis choice is this benchmark's to make)."""
     chosen_algo, chosen_schedule = axis_choices(algo, schedule)
     run_cfg = cfg.with_values(algo=chosen_algo, schedule=chosen_schedule, precision=precision)
-    return Trainer(policy, run_cfg, pad_id=tokenizer.pad_token_id, device=device, timer=timer)
+    return trainer_from(run_cfg, policy, pad_id=tokenizer.pad_token_id, device=device, timer=timer)
 
 
 def axis_choices(algo: str, schedule: str) -> tuple[Choice, Choice]:

@@ -34,6 +34,10 @@ class Anchor:
         """(train against recompute's forward this step?, metrics to log about the decision)."""
         return False, {}
 
+    def may_recompute(self) -> bool:
+        """Whether some step may run recompute's no-grad forward (the warm-up compiles it then)."""
+        return False
+
     def approximate(self, behave: torch.Tensor, logp: torch.Tensor, versions: torch.Tensor, version: int,
                     position: float) -> torch.Tensor:
         return behave
@@ -45,6 +49,9 @@ class Recompute(Anchor):
 
     def decide(self, version: int, probe: Probe) -> tuple[bool, dict[str, torch.Tensor]]:
         return True, {}
+
+    def may_recompute(self) -> bool:
+        return True
 
     def approximate(self, behave, logp, versions, version, position) -> torch.Tensor:
         raise RuntimeError("a recompute step trains against the recomputed log-probs, never an approximation")
@@ -73,6 +80,9 @@ class Hybrid(Interpolation):
     every: int = 0
     min_ess: float | None = None
     device: torch.device = torch.device("cpu")  # the trainer's: where `hybrid/recomputed` is made
+
+    def may_recompute(self) -> bool:
+        return True
 
     def decide(self, version: int, probe: Probe) -> tuple[bool, dict[str, torch.Tensor]]:
         logged: dict[str, torch.Tensor] = {}

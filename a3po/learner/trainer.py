@@ -13,7 +13,7 @@ import torch
 
 from a3po.batch import RolloutBatch, Sample
 from a3po.device import autocast, autocast_dtype
-from a3po.learner.anchors import build_anchor
+from a3po.learner.anchors import Anchor
 from a3po.learner.batching import pack_micro_batches, split_minibatches
 from a3po.learner.fidelity import FidelityRecorder
 from a3po.learner.hybrid import drift_ess
@@ -22,40 +22,31 @@ from a3po.learner.update import all_finite, check_update, clip_gradients, make_o
 from a3po.maths.advantages import grpo_advantages
 from a3po.maths.logprobs import token_logprobs, token_logprobs_and_entropy
 from a3po.maths.loss import decoupled_loss
-from a3po.maths.proximal import ALGOS
-from a3po.maths.corrections import CORRECTIONS
-from a3po.maths.objectives import OBJECTIVES
-from a3po.maths.schedules import SCHEDULES
+from a3po.maths.spec import Bound
 from a3po.models.loading import compiled_layers, enable_activation_checkpointing, layers_swapped
-from a3po.run_config import RunConfig
+from a3po.schema import TrainConfig
 from a3po.distributed import SINGLE, DistInfo, all_reduce_max, all_reduce_sum, local_value, shard, wrap_fsdp
 from a3po.timer import DeviceSpans, PhaseTimer
 
 
 class Trainer:
     """The learner: forwards, the proximal log-probs of the run's method and the optimizer updates
-    of one step. From the run's config it reads algo, schedule, correction, objective, train,
-    rollout.temperature and the resolved precision."""
+    of one step, from its parts: the `train` group, the method's anchor strategy, the loss's
+    objective and correction bound to their parameters (a3po.maths.spec.Bound), the sampling
+    temperature, the resolved precision and, with `train.log_prox_errors`, the fidelity
+    telemetry. `trainer_from` builds them from the run's config."""
 
-    def __init__(self, policy: torch.nn.Module, cfg: RunConfig, *, pad_id: int, device: torch.device, timer: PhaseTimer,
-                 dist: DistInfo = SINGLE) -> None:
+    def __init__(self, policy: torch.nn.Module, train: TrainConfig, *, anchor: Anchor, objective: Bound,
+                 correction: Bound, temperature: float, precision: str, pad_id: int, device: torch.device,
+                 timer: PhaseTimer, dist: DistInfo = SINGLE, fidelity: FidelityRecorder | None = None) -> None:
         self.policy = policy
         # With N ranks (a3po.distributed) each trains on its shard of every minibatch; the
         # model is sharded with FSDP2 before the optimizer sees its parameters.
         self.dist = dist
-        self.algo = ALGOS.lookup(cfg.algo.name)
-        # The loss axes (conf/correction, conf/objective) and the schedule, each bound once to its
-        # checked parameters (a3po.maths.spec.Bound): the step calls them and checks nothing again.
-        self.correction, self.objective = CORRECTIONS.bind(cfg.correction.as_dict()), OBJECTIVES.bind(cfg.objective.as_dict())
+        self.anchor, self.objective, self.correction, self.fidelity = anchor, objective, correction, fidelity
         self.device = device  # the anchor makes its per-step metrics here (a3po.learner.step_metrics)
-        self.anchor = build_anchor(self.algo, self.algo.check(cfg.algo.as_dict(), "algo"),
-                                   SCHEDULES.bind(cfg.schedule.as_dict()), device)
-        self.train = cfg.train
-        error_schedules = ({name: dict(params or {}) for name, params in cfg.train.prox_error_schedules.items()}
-                           if cfg.train.log_prox_errors else {})
-        self.fidelity = FidelityRecorder(error_schedules, self.objective, self.correction, cfg.train.grad_fidelity_every,
-                                         timer, policy.parameters) if error_schedules else None
-        self.temperature = float(cfg.rollout.temperature)
+        self.train = train
+        self.temperature = float(temperature)
         self.pad_id = pad_id
         self.timer = timer
         # The lm_head is applied only at response positions: most positions of a sequence are
@@ -63,18 +54,18 @@ class Trainer:
         self._decoder = policy.get_decoder() if hasattr(policy, "get_decoder") else None
         self._lm_head = policy.get_output_embeddings()
         self._logits = self._response_logits
-        if cfg.train.activation_checkpointing:  # before FSDP2 shards the layers
+        if train.activation_checkpointing:  # before FSDP2 shards the layers
             enable_activation_checkpointing(policy)
-        self._compiled = compiled_layers(policy, dist.world) if cfg.train.compile else None  # train.compile
+        self._compiled = compiled_layers(policy, dist.world) if train.compile else None  # train.compile
         if dist.world > 1:  # the root's parameters are gathered around this call as around forward
             self._logits = wrap_fsdp(policy, forward_method=self._response_logits,
-                                     mixed_precision=cfg.train.fsdp_mixed_precision)
-        self.optimizer = make_optimizer(policy, cfg.train)
+                                     mixed_precision=train.fsdp_mixed_precision)
+        self.optimizer = make_optimizer(policy, train)
         # `precision` (resolved, a3po.device): bf16 is autocast with float32 master weights,
         # optimizer and log-softmax; the HF engine samples under the same rule, so behave and
         # current log-probs are computed alike.
-        self.precision = cfg.precision
-        self.autocast_dtype = autocast_dtype(device, policy, cfg.precision)
+        self.precision = precision
+        self.autocast_dtype = autocast_dtype(device, policy, precision)
 
     # ------------------------------------------------------------------ forward
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -137,7 +128,7 @@ class Trainer:
         (logp.sum() * 0.0).backward()
         self.optimizer.zero_grad(set_to_none=True)
         self.policy.eval()  # as the recompute forward runs
-        if self._compiled is not None and (self.algo.anchor in ("recompute", "hybrid") or self.fidelity):
+        if self._compiled is not None and (self.anchor.may_recompute() or self.fidelity):
             with torch.no_grad():
                 self.response_logp(rows, with_entropy=False)
 
@@ -298,3 +289,4 @@ class Trainer:
         recompute, decided = self.anchor.decide(version, probe)
         metrics.add(decided)
         return recompute
+

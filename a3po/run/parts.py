@@ -13,6 +13,7 @@ import torch
 
 from a3po.device import resolve_device
 from a3po.learner.trainer import Trainer
+from a3po.learner.build import trainer_from
 from a3po.rollout.engines import engine_spec
 from a3po.rollout.producer import RolloutProducer
 from a3po.run_config import RunConfig
@@ -120,7 +121,7 @@ def build_parts(cfg: RunConfig, run_dir: Path, device: torch.device, dist: DistI
     timer = PhaseTimer(device, always=ALWAYS_TIMED)
     task = build_task(cfg.task, cfg.seed) if dist.is_main else None
     policy, tokenizer = load_policy(cfg.model, device=device, seed=cfg.seed)
-    trainer = Trainer(policy, cfg, pad_id=tokenizer.pad_token_id, device=device, timer=timer, dist=dist)
+    trainer = trainer_from(cfg, policy, pad_id=tokenizer.pad_token_id, device=device, timer=timer, dist=dist)
     if not dist.is_main:
         return RunParts(cfg, run_dir, dist, timer, policy, tokenizer, trainer, WeightSync(policy, None, None, dist),
                         host_ceiling=host_ceiling)

@@ -165,7 +165,7 @@ def trainer_rank0_of_2(dry_run: bool) -> dict[str, Any]:
     import torch.distributed as dist
 
     import a3po.distributed as a3po_dist
-    from a3po.learner.trainer import Trainer
+    from a3po.learner.build import trainer_from
     from a3po.timer import PhaseTimer
 
     device = the_device(dry_run)
@@ -178,7 +178,7 @@ def trainer_rank0_of_2(dry_run: bool) -> dict[str, Any]:
         cfg = compose_resolved([*RANKS_OVERRIDES, f"device={device.type}", *dry], device)
         info = a3po_dist.DistInfo(rank=0, world=2, local_rank=0, is_main=True)
         policy = build_qwen2(SCALED_DOWN, device, "float32", "sdpa")
-        trainer = Trainer(policy, cfg, pad_id=0, device=device, timer=PhaseTimer(device), dist=info)
+        trainer = trainer_from(cfg, policy, pad_id=0, device=device, timer=PhaseTimer(device), dist=info)
         made = synthetic_batch(cfg.train.n_prompts, cfg.train.n_samples, RANKS_PROMPT_TOKENS, RANKS_RESPONSE_TOKENS,
                                SCALED_DOWN["vocab_size"])
         batch = a3po_dist.broadcast_object(made, info)  # rank 0's batch, as the loop sends it
@@ -210,7 +210,7 @@ def _standin_block(cfg, device: torch.device) -> tuple[torch.Tensor | None, floa
 
 def qwen_step(dry_run: bool) -> dict[str, Any]:
     """One step at Qwen2.5-1.5B's sizes and gpu1's settings beside vLLM's stand-in block."""
-    from a3po.learner.trainer import Trainer
+    from a3po.learner.build import trainer_from
     from a3po.run.memory_check import GSM8K_QUESTION_TOKENS_BOUND, TEMPLATE_TOKENS_BOUND
     from a3po.memory.parts import PUBLISHED_CONFIGS
     from a3po.timer import PhaseTimer
@@ -225,7 +225,7 @@ def qwen_step(dry_run: bool) -> dict[str, Any]:
     prompt = DRY_PROMPT_TOKENS if dry_run else TEMPLATE_TOKENS_BOUND + GSM8K_QUESTION_TOKENS_BOUND
     response = int(cfg.rollout.max_new_tokens)
     batch = synthetic_batch(cfg.train.n_prompts, cfg.train.n_samples, prompt, response, sizes["vocab_size"])
-    trainer = Trainer(policy, cfg, pad_id=0, device=device, timer=PhaseTimer(device))
+    trainer = trainer_from(cfg, policy, pad_id=0, device=device, timer=PhaseTimer(device))
     metrics, seconds = timed_step(trainer, batch, 0, device)
     figures = {"device": str(device), "model": "Qwen2.5-1.5B sizes, random weights" if not dry_run else "scaled down",
                "parameters": sum(p.numel() for p in policy.parameters()), "precision": cfg.precision,

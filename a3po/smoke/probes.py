@@ -124,7 +124,7 @@ def behave_logp(out: Path, overrides: Sequence[str]) -> dict[str, Any]:
     """max and mean |trainer logp - behave_logp| over a batch the HF engine sampled on cuda, per precision."""
     import torch
 
-    from a3po.learner.trainer import Trainer
+    from a3po.learner.build import trainer_from
     from a3po.models import load_policy
     from a3po.rollout import build_engine
     from a3po.rollout.producer import RolloutProducer
@@ -141,7 +141,7 @@ def behave_logp(out: Path, overrides: Sequence[str]) -> dict[str, Any]:
         timer = PhaseTimer(device)
         engine = build_engine(cfg.rollout, policy, tokenizer, device, precision=precision)
         batch, _ = RolloutProducer(cfg, build_task(cfg.task, cfg.seed), tokenizer, engine, timer)(0)
-        trainer = Trainer(policy, cfg, pad_id=tokenizer.pad_token_id, device=device, timer=timer)
+        trainer = trainer_from(cfg, policy, pad_id=tokenizer.pad_token_id, device=device, timer=timer)
         with torch.no_grad():
             logp, _ = trainer.response_logp(batch.samples, with_entropy=False)
         behave = torch.cat([s.behave_logp for s in batch.samples]).to(logp.device)
